@@ -1,0 +1,40 @@
+# Everything a newcomer or CI needs; `make help` lists the targets.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: help install controlplane lint test check demo proto bench clean
+
+help:
+	@echo "install       create $(VENV) and install hami with its dev tools"
+	@echo "controlplane  build (or reuse) etcd, kube-apiserver and kube-scheduler for the tests"
+	@echo "lint          ruff + mypy"
+	@echo "test          lint, then the whole test suite (needs the control plane binaries)"
+	@echo "demo          a local cluster with simulated GPU nodes, sample pods and a placement table"
+	@echo "proto         regenerate the device plugin gRPC code from hami/_proto"
+	@echo "bench         run the benchmarks in bench/"
+
+$(BIN)/hami: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -U pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+
+install: $(BIN)/hami
+
+controlplane:
+	bash tests/controlplane/build.sh
+
+lint: install
+	$(BIN)/ruff check hami tests bench
+	$(BIN)/ruff format --check hami tests bench
+	$(BIN)/mypy
+
+proto: install
+	PYTHON=$(BIN)/python bash scripts/gen-proto.sh
+
+test: lint controlplane
+	$(BIN)/pytest -q
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,1 @@
+"""Vendored protobuf APIs and their generated code (regenerate with `make proto`)."""

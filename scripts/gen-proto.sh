@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Regenerates the Python protobuf + grpclib code for the vendored kubelet device plugin API
+# (hami/_proto/v1beta1/api.proto, copied unchanged from k8s.io/kubelet v0.36.2).
+#   gen-proto.sh [OUT_ROOT]   write under OUT_ROOT instead of the repository (used by the
+#                             test that checks the committed code is up to date)
+# Needs grpcio-tools and grpclib (the dev extras): protoc runs from the repository root so
+# the generated imports read `hami._proto.v1beta1.api_pb2`.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+out="${1:-$root}"
+py="${PYTHON:-$root/.venv/bin/python}"
+[ -x "$py" ] || py=python3
+plugin="$(dirname "$py")/protoc-gen-grpclib_python"
+[ -x "$plugin" ] || plugin="$(command -v protoc-gen-grpclib_python)"
+mkdir -p "$out/hami/_proto/v1beta1"
+cd "$root"
+"$py" -m grpc_tools.protoc -I . \
+  --plugin=protoc-gen-grpclib_python="$plugin" \
+  --python_out="$out" --pyi_out="$out" --grpclib_python_out="$out" \
+  hami/_proto/v1beta1/api.proto
