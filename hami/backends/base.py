@@ -1,0 +1,161 @@
+"""What a device backend supplies, and the plain data it exchanges with the roles.
+
+A backend is one vendor's knowledge: its words, resource names and annotation keys, how
+to enumerate devices, and what a container receives from kubelet's ``Allocate``. The
+roles do all Kubernetes and gRPC I/O; a backend only enumerates hardware and answers
+with plain data, so most of it is testable without a cluster.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hami.protocol import ContainerDevice, NodeDevice, keys
+
+
+class BackendError(Exception):
+    """A backend cannot enumerate or serve its devices; the message says what to fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One physical device as enumeration finds it, before scaling and splitting."""
+
+    uuid: str
+    index: int
+    model: str
+    memory_mib: int
+    numa: int = 0
+    healthy: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceNames:
+    """The extended resources a pod uses to ask for this backend's devices."""
+
+    count: str  # number of devices, e.g. nvidia.com/gpu; also the device plugin's resource
+    memory: str | None = None  # memory per device
+    memory_percentage: str | None = None  # percent of each device's memory
+    cores: str | None = None  # percent of each device's compute
+    memory_unit_mib: int = 1  # MiB per unit of ``memory`` (Cambricon counts 256 MiB units)
+
+    def all(self) -> list[str]:
+        names = (self.count, self.memory, self.memory_percentage, self.cores)
+        return [name for name in names if name]
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSettings:
+    """Settings every backend shares; ``options`` holds the backend's own keys."""
+
+    split_count: int = 10
+    memory_scaling: float = 1.0
+    core_scaling: float = 1.0
+    resources: ResourceNames | None = None  # None: the backend's defaults
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    host_path: str
+    container_path: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceNode:
+    host_path: str
+    container_path: str
+    permissions: str = "rw"
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerAllocation:
+    """The answer to kubelet for one container, plus host directories to create first."""
+
+    envs: Mapping[str, str] = field(default_factory=dict)
+    mounts: Sequence[Mount] = ()
+    devices: Sequence[DeviceNode] = ()
+    host_dirs: Sequence[str] = ()  # created with mode 0777 before answering
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationRequest:
+    """Everything a backend may need to answer ``Allocate`` for one container."""
+
+    pod_namespace: str
+    pod_name: str
+    pod_uid: str
+    container_name: str
+    container_index: int  # in the pod devices value: init containers first
+    devices: Sequence[ContainerDevice]
+    node_devices: Sequence[Device]  # what this node enumerated, to map uuid -> index
+    container_env: Mapping[str, str] = field(default_factory=dict)
+
+
+HealthCallback = Callable[[str, bool], None]
+"""Called with (uuid, healthy) when a device's health changes."""
+
+
+class Backend(abc.ABC):
+    """Base class for a device backend, found through the ``hami.backends`` entry points."""
+
+    # Subclasses set these as class attributes; an instance may override them from options.
+    type_word: str  # lower case, in node annotation keys: nvidia, mlu
+    vendor_word: str  # upper case, in pod device values: NVIDIA, MLU
+    default_resources: ResourceNames
+    allocated_key: str  # pod annotation with the lasting decision
+    to_allocate_key: str  # pod annotation the node consumes entry by entry
+
+    def __init__(self, settings: BackendSettings | None = None) -> None:
+        self.settings = settings or BackendSettings()
+        if self.settings.split_count < 1:
+            raise BackendError(f"{self.type_word}: split_count must be >= 1")
+        self.resources = self.settings.resources or self.default_resources
+
+    @property
+    def register_key(self) -> str:
+        return keys.node_register(self.type_word)
+
+    @property
+    def handshake_key(self) -> str:
+        return keys.node_handshake(self.type_word)
+
+    @abc.abstractmethod
+    async def enumerate(self) -> list[Device]:
+        """The devices on this machine, ordered by index. Raises BackendError."""
+
+    def core_limit(self, device: Device) -> int:
+        """Schedulable percent of compute before scaling; 0 means no core limiter."""
+        return 100
+
+    def to_node_devices(self, devices: Sequence[Device]) -> list[NodeDevice]:
+        """Apply split count and scaling: what the node registers for the scheduler."""
+        return [
+            NodeDevice(
+                uuid=d.uuid,
+                count=self.settings.split_count,
+                memory=int(d.memory_mib * self.settings.memory_scaling),
+                cores=int(self.core_limit(d) * self.settings.core_scaling),
+                model=d.model,
+                numa=d.numa,
+                healthy=d.healthy,
+                index=d.index,
+            )
+            for d in sorted(devices, key=lambda d: d.index)
+        ]
+
+    @abc.abstractmethod
+    def allocate(self, request: AllocationRequest) -> ContainerAllocation:
+        """The container's environment, mounts and device nodes. Pure; raises BackendError."""
+
+    async def watch_health(self, devices: Sequence[Device], on_change: HealthCallback) -> None:
+        """Report health changes until cancelled. The default has no health source."""
+        return None
+
+    async def close(self) -> None:
+        """Release what enumeration opened (a library handle, a subprocess)."""
+        return None

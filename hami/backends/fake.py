@@ -1,0 +1,118 @@
+"""A backend whose devices are declared in config: whole clusters without hardware.
+
+By default it looks like NVIDIA to everything else (type ``nvidia``, vendor ``NVIDIA``,
+``nvidia.com/*`` resources, the HAMi-core answer), so demos, tests and benchmarks exercise
+the same paths a GPU node does. Options:
+
+    devices:            # groups of identical devices, in index order
+      - count: 2
+        model: NVIDIA-A100-SXM4-40GB
+        memory: 40960   # MiB
+        numa: 0
+        healthy: true
+    uuid_prefix: GPU-fake-node-a   # default: GPU-fake-{NODE_NAME or hostname}
+    type: nvidia        # type word, vendor word and resources can be changed to
+    vendor: NVIDIA      # simulate another kind of device
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+from hami.backends.base import (
+    AllocationRequest,
+    Backend,
+    BackendError,
+    BackendSettings,
+    ContainerAllocation,
+    Device,
+    ResourceNames,
+)
+from hami.backends.hamicore import HamiCorePaths, hamicore_allocation
+from hami.backends.nvidia_names import NVIDIA_ALLOCATED, NVIDIA_RESOURCES, NVIDIA_TO_ALLOCATE
+
+_GROUP_KEYS = {"count", "model", "memory", "numa", "healthy"}
+
+
+class FakeBackend(Backend):
+    type_word = "nvidia"
+    vendor_word = "NVIDIA"
+    default_resources = NVIDIA_RESOURCES
+    allocated_key = NVIDIA_ALLOCATED
+    to_allocate_key = NVIDIA_TO_ALLOCATE
+
+    def __init__(self, settings: BackendSettings | None = None) -> None:
+        super().__init__(settings)
+        options = dict(self.settings.options)
+        self.type_word = str(options.get("type", self.type_word))
+        self.vendor_word = str(options.get("vendor", self.vendor_word))
+        if self.type_word != "nvidia":
+            self.allocated_key = f"hami.io/{self.type_word}-devices-allocated"
+            self.to_allocate_key = f"hami.io/{self.type_word}-devices-to-allocate"
+            if self.settings.resources is None:
+                self.resources = ResourceNames(count=f"hami.io/{self.type_word}")
+        node = os.environ.get("NODE_NAME") or socket.gethostname()
+        self.uuid_prefix = str(options.get("uuid_prefix", f"GPU-fake-{node}"))
+        self.paths = HamiCorePaths.from_options(options)
+        self._devices = self._declared(options.get("devices", []))
+        self._health: dict[str, bool] = {}
+
+    def _declared(self, groups: Any) -> list[Device]:
+        if not isinstance(groups, list):
+            raise BackendError("fake backend: option 'devices' must be a list of device groups")
+        devices: list[Device] = []
+        for number, group in enumerate(groups):
+            where = f"fake backend: devices[{number}]"
+            if not isinstance(group, Mapping):
+                raise BackendError(f"{where} must be a mapping with count, model, memory")
+            unknown = set(group) - _GROUP_KEYS
+            if unknown:
+                raise BackendError(f"{where}: unknown key(s) {sorted(unknown)}")
+            count = _int(group.get("count", 1), f"{where}.count", minimum=1)
+            memory = _int(group.get("memory"), f"{where}.memory", minimum=1)
+            numa = _int(group.get("numa", 0), f"{where}.numa", minimum=0)
+            model = group.get("model")
+            if not isinstance(model, str) or not model:
+                raise BackendError(f"{where}.model must be a non-empty string")
+            healthy = group.get("healthy", True)
+            if not isinstance(healthy, bool):
+                raise BackendError(f"{where}.healthy must be true or false")
+            for _ in range(count):
+                index = len(devices)
+                devices.append(
+                    Device(
+                        uuid=f"{self.uuid_prefix}-{index}",
+                        index=index,
+                        model=model,
+                        memory_mib=memory,
+                        numa=numa,
+                        healthy=healthy,
+                    )
+                )
+        return devices
+
+    async def enumerate(self) -> list[Device]:
+        return [
+            Device(
+                d.uuid, d.index, d.model, d.memory_mib, d.numa, self._health.get(d.uuid, d.healthy)
+            )
+            for d in self._devices
+        ]
+
+    def set_health(self, uuid: str, healthy: bool) -> None:
+        """Simulate a health change (tests and demos)."""
+        if uuid not in {d.uuid for d in self._devices}:
+            raise BackendError(f"fake backend: no device {uuid!r}")
+        self._health[uuid] = healthy
+
+    def allocate(self, request: AllocationRequest) -> ContainerAllocation:
+        return hamicore_allocation(request, self.paths)
+
+
+def _int(value: Any, where: str, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise BackendError(f"{where} must be an integer >= {minimum}, got {value!r}")
+    return value

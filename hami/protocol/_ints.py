@@ -1,0 +1,29 @@
+"""Integer and boolean parsing with Go's strconv rules, which the other HAMi components use."""
+
+from hami.protocol.errors import ProtocolError
+
+INT32_MIN = -(2**31)
+INT32_MAX = 2**31 - 1
+
+_GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+
+
+def parse_int32(text: str, *, what: str, field: str) -> int:
+    """Parse like Go's ``strconv.Atoi`` into an int32: optional sign, ASCII digits only."""
+    digits = text[1:] if text[:1] in ("+", "-") else text
+    if not digits or not digits.isascii() or not digits.isdigit():
+        raise ProtocolError(what, f"{field} is not an integer", text)
+    value = int(text)
+    if not INT32_MIN <= value <= INT32_MAX:
+        raise ProtocolError(what, f"{field} does not fit in int32", text)
+    return value
+
+
+def parse_go_bool(text: str, *, what: str, field: str) -> bool:
+    """Parse like Go's ``strconv.ParseBool``."""
+    if text in _GO_TRUE:
+        return True
+    if text in _GO_FALSE:
+        return False
+    raise ProtocolError(what, f"{field} is not a boolean (true/false)", text)

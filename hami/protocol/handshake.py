@@ -1,0 +1,114 @@
+"""Handshake values ``hami.io/node-handshake-{type}`` and the availability rule (section 2).
+
+Pure: the caller passes ``now``; no clock is read here.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+REPORTED = "Reported"
+REQUESTING = "Requesting"
+DELETED = "Deleted"
+
+_LAYOUTS = ("%Y-%m-%d %H:%M:%S", "%Y.%m.%d %H:%M:%S")  # the second is older HAMi's
+
+
+class HandshakeState(enum.Enum):
+    REPORTED = "reported"
+    REQUESTING = "requesting"
+    DELETED = "deleted"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Handshake:
+    state: HandshakeState
+    time: datetime | None = None  # only for REQUESTING: the scheduler's own stamp, UTC
+
+
+def format_time(now: datetime) -> str:
+    """The stamp layout HAMi writes: ``YYYY-MM-DD HH:MM:SS`` in UTC."""
+    return now.astimezone(UTC).strftime(_LAYOUTS[0])
+
+
+def reported(now: datetime) -> str:
+    return f"{REPORTED}_{format_time(now)}"
+
+
+def requesting(now: datetime) -> str:
+    return f"{REQUESTING}_{format_time(now)}"
+
+
+def deleted(now: datetime) -> str:
+    return f"{DELETED}_{format_time(now)}"
+
+
+def parse_handshake(value: str | None) -> Handshake:
+    """Classify a handshake value; anything unrecognised is UNKNOWN, never an error."""
+    if not value:
+        return Handshake(HandshakeState.UNKNOWN)
+    if _has_prefix(value, REPORTED):
+        return Handshake(HandshakeState.REPORTED)
+    if value.startswith(DELETED):
+        return Handshake(HandshakeState.DELETED)
+    if _has_prefix(value, REQUESTING):
+        stamp = _parse_time(value[len(REQUESTING) + 1 :])
+        if stamp is not None:
+            return Handshake(HandshakeState.REQUESTING, stamp)
+    return Handshake(HandshakeState.UNKNOWN)
+
+
+def _has_prefix(value: str, word: str) -> bool:
+    return value.startswith(word) and value[len(word) : len(word) + 1] in ("_", " ")
+
+
+def _parse_time(text: str) -> datetime | None:
+    for layout in _LAYOUTS:
+        try:
+            return datetime.strptime(text.strip(), layout).replace(tzinfo=UTC)
+        except ValueError:
+            continue
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class HandshakeDecision:
+    """What the scheduler does with one node's type at one pass."""
+
+    available: bool
+    write: str | None  # the value to patch in (``Requesting_{now}``), or None to leave it
+    reason: str | None  # why unavailable, in filter-reason words
+
+
+HANDSHAKE_TIMED_OUT = "handshake timed out"
+NODE_UNREGISTERED = "node unregistered"
+NODE_DELETED = "node deleted its devices"
+
+
+def decide(
+    value: str | None, *, has_register: bool, now: datetime, timeout: timedelta
+) -> HandshakeDecision:
+    """The table of protocol.md section 2 as a pure function."""
+    if value is None:
+        if not has_register:
+            return HandshakeDecision(False, None, NODE_UNREGISTERED)
+        return HandshakeDecision(True, requesting(now), None)
+    shake = parse_handshake(value)
+    if shake.state is HandshakeState.REPORTED:
+        return HandshakeDecision(True, requesting(now), None)
+    if shake.state is HandshakeState.REQUESTING:
+        assert shake.time is not None
+        if now <= shake.time + timeout:
+            return HandshakeDecision(True, None, None)
+        return HandshakeDecision(False, None, HANDSHAKE_TIMED_OUT)
+    if shake.state is HandshakeState.DELETED:
+        return HandshakeDecision(False, None, NODE_DELETED)
+    return HandshakeDecision(True, requesting(now), None)
+
+
+def is_available(value: str | None, now: datetime, timeout: timedelta) -> bool:
+    """Availability alone, for a node whose register value exists."""
+    return decide(value, has_register=True, now=now, timeout=timeout).available

@@ -1,0 +1,34 @@
+"""Annotation keys shared by every HAMi component (protocol.md sections 1-5)."""
+
+from __future__ import annotations
+
+import enum
+
+PREFIX = "hami.io/"
+
+# Pod, written by the scheduler.
+VGPU_NODE = "hami.io/vgpu-node"
+VGPU_TIME = "hami.io/vgpu-time"
+BIND_TIME = "hami.io/bind-time"
+BIND_PHASE = "hami.io/bind-phase"
+
+# Pod, optional steering by users.
+NODE_SCHEDULER_POLICY = "hami.io/node-scheduler-policy"
+DEVICE_SCHEDULER_POLICY = "hami.io/gpu-scheduler-policy"
+
+# Node, the lock between bind and allocation.
+NODE_LOCK = "hami.io/mutex.lock"
+
+
+class BindPhase(enum.StrEnum):
+    ALLOCATING = "allocating"
+    SUCCESS = "success"
+    FAILED = "failed"
+
+
+def node_register(type_word: str) -> str:
+    return f"hami.io/node-{type_word}-register"
+
+
+def node_handshake(type_word: str) -> str:
+    return f"hami.io/node-handshake-{type_word}"

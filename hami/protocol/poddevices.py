@@ -1,0 +1,76 @@
+"""Pod device values ``*-devices-allocated`` / ``*-devices-to-allocate`` (protocol.md section 3).
+
+``entry = *device ";"`` with ``device = uuid "," vendor "," memory "," cores ":"``; one entry
+per container (init containers first), empty entries kept so indexes match containers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hami.protocol._ints import parse_int32
+from hami.protocol.errors import ProtocolError
+
+_WHAT = "pod devices value"
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerDevice:
+    """One device slice given to one container."""
+
+    uuid: str
+    vendor: str  # vendor word: NVIDIA, MLU
+    memory: int  # MiB
+    cores: int  # percent of the device
+
+
+PodDevices = list[list[ContainerDevice]]
+
+
+def encode_pod_devices(containers: Sequence[Sequence[ContainerDevice]]) -> str:
+    out: list[str] = []
+    for devices in containers:
+        for device in devices:
+            for field, text in (("uuid", device.uuid), ("vendor", device.vendor)):
+                if not text or any(ch in text for ch in ",:;"):
+                    raise ProtocolError(_WHAT, f"{field} is empty or contains , : or ;", text)
+            out.append(f"{device.uuid},{device.vendor},{device.memory},{device.cores}:")
+        out.append(";")
+    return "".join(out)
+
+
+def decode_pod_devices(value: str) -> PodDevices:
+    """Decode a value; ``""`` is no containers, ``";"`` is one container with nothing left."""
+    pieces = value.split(";")
+    if pieces[-1].strip():
+        raise ProtocolError(_WHAT, "the last entry does not end with ';'", value)
+    return [_decode_entry(entry) for entry in pieces[:-1]]
+
+
+def _decode_entry(entry: str) -> list[ContainerDevice]:
+    devices: list[ContainerDevice] = []
+    for piece in entry.split(":"):
+        if "," not in piece:
+            continue
+        fields = piece.split(",")
+        if len(fields) < 4:
+            raise ProtocolError(_WHAT, f"a device has {len(fields)} fields, expected 4", piece)
+        uuid, vendor, memory, cores = fields[:4]
+        devices.append(
+            ContainerDevice(
+                uuid=uuid,
+                vendor=vendor,
+                memory=parse_int32(memory, what=_WHAT, field="memory"),
+                cores=parse_int32(cores, what=_WHAT, field="cores"),
+            )
+        )
+    return devices
+
+
+def first_pending_entry(containers: PodDevices) -> int | None:
+    """Index of the first container that still has devices to allocate (section 4)."""
+    for index, devices in enumerate(containers):
+        if devices:
+            return index
+    return None
