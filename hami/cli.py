@@ -1,0 +1,161 @@
+"""The ``hami`` command line: ``version``, ``devices``, ``run --role``, and role tools."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import importlib
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from hami import __version__, config, log
+from hami.backends import registry
+from hami.backends.base import Backend, BackendError
+from hami.protocol import encode_node_devices, handshake
+
+# role name -> module with ``async def main(cfg: config.Config) -> int``
+ROLES = {"node": "hami.node.role", "scheduler": "hami.scheduler.role"}
+# extra subcommands: module with ``add_parser(subparsers)``; each sets ``func`` on its parser
+EXTRA_COMMANDS = ("hami.scheduler.explain_cli", "hami.demo.cli")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hami", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"hami {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p_version = sub.add_parser("version", help="print the version")
+    p_version.set_defaults(func=_cmd_version)
+
+    p_devices = sub.add_parser(
+        "devices", help="enumerate devices here and show the annotations the node would write"
+    )
+    _common(p_devices)
+    p_devices.add_argument("--backend", help="only this backend (default: the enabled ones)")
+    p_devices.set_defaults(func=_cmd_devices)
+
+    p_run = sub.add_parser("run", help="run a role: the node agent or the scheduler")
+    _common(p_run)
+    p_run.add_argument("--role", required=True, choices=sorted(ROLES))
+    p_run.add_argument("--node-name", help="this node's name (node role; default: $NODE_NAME)")
+    p_run.set_defaults(func=_cmd_run)
+
+    for module_name in EXTRA_COMMANDS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                continue  # that part of hami is not built yet
+            raise
+        module.add_parser(sub)
+    return parser
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML configuration file (see config/hami.yaml)")
+    parser.add_argument("--log-level", choices=config.LOG_LEVELS, help="override log.level")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, $KUBECONFIG)")
+
+
+def load_config(args: argparse.Namespace) -> config.Config:
+    cfg = config.load(args.config)
+    if getattr(args, "log_level", None):
+        cfg = dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, level=args.log_level))
+    if getattr(args, "kubeconfig", None):
+        cfg = dataclasses.replace(cfg, kubeconfig=args.kubeconfig)
+    if getattr(args, "node_name", None):
+        cfg = dataclasses.replace(cfg, node=dataclasses.replace(cfg.node, name=args.node_name))
+    return cfg
+
+
+def _cmd_version(args: argparse.Namespace) -> int:
+    print(f"hami {__version__}")
+    return 0
+
+
+def _cmd_devices(args: argparse.Namespace) -> int:
+    cfg = load_config(args)
+    log.configure(cfg.log.level, cfg.log.format)
+    if args.backend:
+        section = cfg.backends.get(args.backend, config.BackendConfig())
+        chosen = {args.backend: section}
+    else:
+        chosen = cfg.enabled_backends()
+    return asyncio.run(_show_devices(chosen))
+
+
+async def _show_devices(chosen: dict[str, config.BackendConfig]) -> int:
+    failures = 0
+    now = datetime.now(UTC)
+    for name, section in chosen.items():
+        backend: Backend | None = None
+        try:
+            backend = registry.create(name, section.settings(name))
+            devices = await backend.enumerate()
+            node_devices = backend.to_node_devices(devices)
+        except (BackendError, config.ConfigError) as exc:
+            print(f"backend {name}: {exc}", file=sys.stderr)
+            failures += 1
+            continue
+        finally:
+            if backend is not None:
+                await backend.close()
+        print(f"backend {name} (type {backend.type_word}): {len(devices)} device(s)")
+        rows = [("INDEX", "UUID", "MODEL", "MEMORY MiB", "NUMA", "HEALTHY", "SPLIT", "CORES")]
+        rows += [
+            (
+                str(d.index),
+                d.uuid,
+                d.model,
+                str(d.memory),
+                str(d.numa),
+                str(d.healthy).lower(),
+                str(d.count),
+                str(d.cores),
+            )
+            for d in node_devices
+        ]
+        _print_table(rows)
+        if node_devices:
+            print("annotations the node agent would write:")
+            print(f"  {backend.handshake_key}: {handshake.reported(now)}")
+            print(f"  {backend.register_key}: {encode_node_devices(node_devices)}")
+        print()
+    return 1 if failures else 0
+
+
+def _print_table(rows: Sequence[Sequence[str]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    cfg = load_config(args)
+    log.configure(cfg.log.level, cfg.log.format)
+    module_name = ROLES[args.role]
+    try:
+        module: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            print(f"hami: the {args.role} role is not available in this build", file=sys.stderr)
+            return 2
+        raise
+    result: int = asyncio.run(module.main(cfg))
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        result: int = args.func(args)
+    except config.ConfigError as exc:
+        print(f"hami: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return result

@@ -1,0 +1,292 @@
+"""The one YAML configuration file: typed sections, defaults, env overrides, validation.
+
+Every error names the key path and what was expected, e.g.
+``config key node.register_period: expected a duration like 30s or 1m, got 'soon'``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union, get_origin, get_type_hints
+
+import yaml
+
+from hami.backends.base import BackendSettings, ResourceNames
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the key and the expected value."""
+
+
+@dataclass(frozen=True)
+class Duration:
+    """Seconds, written in YAML as a number or ``30s`` / ``5m`` / ``1h`` / ``250ms``."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    level: str = "info"  # debug, info, warning, error
+    format: str = "auto"  # auto (JSON unless on a terminal), json, console
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    address: str = "0.0.0.0"
+    port: int = 9394
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    name: str = ""  # env NODE_NAME overrides
+    register_period: Duration = Duration(30)
+    device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
+    http: HttpConfig = HttpConfig(port=9394)
+
+
+@dataclass(frozen=True)
+class WebhookConfig:
+    enabled: bool = True
+    address: str = "0.0.0.0"
+    port: int = 9443
+    cert_file: str = "/etc/hami/tls/tls.crt"
+    key_file: str = "/etc/hami/tls/tls.key"
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    scheduler_name: str = "hami-scheduler"
+    handshake_period: Duration = Duration(15)
+    handshake_timeout: Duration = Duration(60)
+    node_lock_timeout: Duration = Duration(300)
+    bind_lock_wait: Duration = Duration(20)  # below kube-scheduler's extender timeout
+    node_policy: str = "binpack"  # binpack or spread
+    device_policy: str = "spread"  # spread or binpack
+    http: HttpConfig = HttpConfig(port=9395)
+    webhook: WebhookConfig = WebhookConfig()
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    enabled: bool = True
+    split_count: int = 10
+    memory_scaling: float = 1.0
+    core_scaling: float = 1.0
+    resources: dict[str, Any] = field(default_factory=dict)  # overrides of resource names
+    options: dict[str, Any] = field(default_factory=dict)  # every other key of the section
+
+    def settings(self, name: str) -> BackendSettings:
+        resources = None
+        if self.resources:
+            allowed = {f.name for f in dataclasses.fields(ResourceNames)}
+            unknown = set(self.resources) - allowed
+            if unknown:
+                raise ConfigError(
+                    f"config key backends.{name}.resources: unknown name(s) {sorted(unknown)}, "
+                    f"expected some of {sorted(allowed)}"
+                )
+            if "count" not in self.resources:
+                raise ConfigError(f"config key backends.{name}.resources.count is required")
+            resources = ResourceNames(**self.resources)
+        return BackendSettings(
+            split_count=self.split_count,
+            memory_scaling=self.memory_scaling,
+            core_scaling=self.core_scaling,
+            resources=resources,
+            options=self.options,
+        )
+
+
+def _default_backends() -> dict[str, BackendConfig]:
+    return {
+        "nvidia": BackendConfig(),
+        "mlu": BackendConfig(enabled=False),
+        "fake": BackendConfig(enabled=False),
+    }
+
+
+@dataclass(frozen=True)
+class Config:
+    log: LogConfig = LogConfig()
+    kubeconfig: str = ""  # empty: in-cluster, else $KUBECONFIG, else ~/.kube/config
+    node: NodeConfig = NodeConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    backends: dict[str, BackendConfig] = field(default_factory=_default_backends)
+
+    def enabled_backends(self) -> dict[str, BackendConfig]:
+        return {name: b for name, b in self.backends.items() if b.enabled}
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "log.level": LOG_LEVELS,
+    "log.format": ("auto", "json", "console"),
+    "scheduler.node_policy": ("binpack", "spread"),
+    "scheduler.device_policy": ("binpack", "spread"),
+}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def load(
+    path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+) -> Config:
+    """Read ``path`` (None: defaults only), then apply environment overrides."""
+    raw: Any = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        try:
+            raw = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    return from_mapping(raw, env=os.environ if env is None else env)
+
+
+def from_mapping(raw: Any, env: Mapping[str, str] | None = None) -> Config:
+    if not isinstance(raw, Mapping):
+        raise ConfigError("config: the top level must be a mapping of sections")
+    raw = dict(raw)
+    backends_raw = raw.pop("backends", None)
+    config = _build(Config, raw, "")
+    if backends_raw is not None:
+        config = dataclasses.replace(config, backends=_backends(backends_raw))
+    config = _apply_env(config, env or {})
+    _check(config)
+    return config
+
+
+def _backends(raw: Any) -> dict[str, BackendConfig]:
+    if not isinstance(raw, Mapping):
+        raise ConfigError("config key backends: expected a mapping of backend name to settings")
+    merged = _default_backends()
+    for name, section in raw.items():
+        section = {} if section is None else section
+        if not isinstance(section, Mapping):
+            raise ConfigError(f"config key backends.{name}: expected a mapping")
+        common = {f.name for f in dataclasses.fields(BackendConfig)} - {"options"}
+        known = {k: v for k, v in section.items() if k in common}
+        options = {k: v for k, v in section.items() if k not in common}
+        known["options"] = options
+        merged[str(name)] = _build(BackendConfig, known, f"backends.{name}")
+    return merged
+
+
+def _apply_env(config: Config, env: Mapping[str, str]) -> Config:
+    node_name = env.get("NODE_NAME")
+    if node_name:
+        config = dataclasses.replace(config, node=dataclasses.replace(config.node, name=node_name))
+    level = env.get("HAMI_LOG_LEVEL")
+    if level:
+        config = dataclasses.replace(config, log=dataclasses.replace(config.log, level=level))
+    kubeconfig = env.get("HAMI_KUBECONFIG")
+    if kubeconfig:
+        config = dataclasses.replace(config, kubeconfig=kubeconfig)
+    return config
+
+
+def _check(config: Config) -> None:
+    for key, choices in _CHOICES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(config, section), name)
+        if value not in choices:
+            raise ConfigError(
+                f"config key {key}: expected one of {', '.join(choices)}, got {value!r}"
+            )
+    for key, duration in (
+        ("node.register_period", config.node.register_period),
+        ("scheduler.handshake_period", config.scheduler.handshake_period),
+        ("scheduler.handshake_timeout", config.scheduler.handshake_timeout),
+        ("scheduler.node_lock_timeout", config.scheduler.node_lock_timeout),
+    ):
+        if duration.seconds <= 0:
+            raise ConfigError(f"config key {key}: expected a positive duration")
+    for name, backend in config.backends.items():
+        if backend.split_count < 1:
+            raise ConfigError(f"config key backends.{name}.split_count: expected an integer >= 1")
+        for key in ("memory_scaling", "core_scaling"):
+            if getattr(backend, key) <= 0:
+                raise ConfigError(f"config key backends.{name}.{key}: expected a number > 0")
+
+
+def _build(cls: type[Any], raw: Any, path: str) -> Any:
+    where = path or "(top level)"
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"config key {where}: expected a mapping, got {raw!r}")
+    hints = get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(map(str, raw)) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"config key {_join(path, unknown[0])}: unknown key; known keys here are "
+            f"{', '.join(sorted(fields))}"
+        )
+    values: dict[str, Any] = {}
+    for name, value in raw.items():
+        values[name] = _convert(hints[name], value, _join(path, name), fields[name])
+    return cls(**values)
+
+
+def _convert(hint: Any, value: Any, path: str, fld: dataclasses.Field[Any] | None) -> Any:
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint) and hint is not Duration:
+        base: Any = None if fld is None or _missing(fld.default) else fld.default
+        built = _build(hint, value, path)
+        if base is not None and isinstance(value, Mapping):
+            # Keep the section's own defaults (e.g. a different port) for keys not given.
+            return dataclasses.replace(base, **{k: getattr(built, k) for k in value})
+        return built
+    if hint is Duration:
+        return _duration(value, path)
+    origin = get_origin(hint)
+    if origin in (Union, types.UnionType):
+        return value
+    if origin is dict or hint is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"config key {path}: expected a mapping, got {value!r}")
+        return dict(value)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"config key {path}: expected true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"config key {path}: expected an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"config key {path}: expected a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str | int | float) or isinstance(value, bool):
+            raise ConfigError(f"config key {path}: expected a string, got {value!r}")
+        return str(value)
+    raise ConfigError(f"config key {path}: unsupported setting")  # pragma: no cover
+
+
+def _duration(value: Any, path: str) -> Duration:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return Duration(float(value))
+    if isinstance(value, str):
+        match = _DURATION.match(value)
+        if match:
+            return Duration(float(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+    raise ConfigError(f"config key {path}: expected a duration like 30s or 1m, got {value!r}")
+
+
+def _missing(value: Any) -> bool:
+    return value is dataclasses.MISSING
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
