@@ -1,0 +1,1 @@
+"""Thin Kubernetes I/O shells: client, raw JSON requests, patches, list+watch, events."""

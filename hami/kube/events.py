@@ -1,0 +1,65 @@
+"""Events on pods, so `kubectl describe pod` shows why hami decided what it did."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes_asyncio import client
+
+from hami import log
+from hami.kube.raw import KubeError, request
+
+_log = log.get(__name__)
+MAX_MESSAGE = 1024  # the API server rejects longer event messages
+
+
+async def emit_pod_event(
+    api: client.ApiClient,
+    pod: Mapping[str, Any],
+    reason: str,
+    message: str,
+    type_: str = "Normal",
+    component: str = "hami-scheduler",
+) -> bool:
+    """Create a core/v1 Event for ``pod``; failures are logged, never raised."""
+    meta = pod.get("metadata") or {}
+    namespace = meta.get("namespace", "default")
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    body = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {
+            "name": f"{meta.get('name', 'pod')}.{uuid.uuid4().hex[:16]}",
+            "namespace": namespace,
+        },
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": meta.get("name"),
+            "namespace": namespace,
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+        },
+        "reason": reason,
+        "message": message[:MAX_MESSAGE],
+        "type": type_,
+        "source": {"component": component},
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+        "reportingComponent": component,
+    }
+    try:
+        await request(api, "POST", f"/api/v1/namespaces/{namespace}/events", body=body)
+    except KubeError as exc:
+        _log.warning(
+            "event not recorded",
+            pod=f"{namespace}/{meta.get('name')}",
+            reason=reason,
+            error=str(exc),
+        )
+        return False
+    return True

@@ -1,0 +1,155 @@
+"""List+watch of one kind of object, feeding a handler with plain JSON events.
+
+The handler sees only ``ADDED``, ``MODIFIED`` and ``DELETED``. After a (re-)list the
+reflector diffs the listed objects against what it reported before, so objects deleted
+while the watch was down are reported as ``DELETED`` and unchanged ones are not repeated.
+410 Gone re-lists; any other failure reconnects with capped exponential back-off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client
+
+from hami import log
+from hami.kube.raw import JSON, Gone, KubeError, open_stream, request
+
+Handler = Callable[[str, JSON], None]
+WATCH_SECONDS = 300
+
+
+def object_key(obj: JSON) -> str:
+    meta = obj.get("metadata") or {}
+    namespace = meta.get("namespace")
+    return f"{namespace}/{meta.get('name')}" if namespace else str(meta.get("name"))
+
+
+class Reflector:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        path: str,
+        handler: Handler,
+        *,
+        name: str,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        max_backoff: float = 30.0,
+    ) -> None:
+        self.api = api
+        self.path = path  # e.g. /api/v1/pods, /api/v1/nodes
+        self.handler = handler
+        self.name = name
+        self.field_selector = field_selector
+        self.label_selector = label_selector
+        self.max_backoff = max_backoff
+        self.synced = asyncio.Event()
+        self.resource_version = ""
+        self._known: dict[str, str] = {}  # key -> resourceVersion last reported
+        self._log = log.get(__name__).bind(reflector=name)
+
+    async def run(self) -> None:
+        """Run until cancelled."""
+        backoff = 0.5
+        announced = False
+        while True:
+            try:
+                await self._list()
+                if not announced:
+                    self._log.info("watching", path=self.path, objects=len(self._known))
+                    announced = True
+                backoff = 0.5
+                while True:
+                    await self._watch()
+            except Gone:
+                self._log.debug("resource version expired, re-listing")
+                continue
+            except KubeError as exc:
+                self._log.warning("list/watch failed, retrying", error=str(exc), retry_in=backoff)
+            except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+                self._log.warning("watch stream broke, retrying", error=repr(exc), retry_in=backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self.max_backoff)
+
+    def _selectors(self) -> list[tuple[str, Any]]:
+        return [("fieldSelector", self.field_selector), ("labelSelector", self.label_selector)]
+
+    async def _list(self) -> None:
+        listed = await request(
+            self.api, "GET", self.path, query=self._selectors(), request_timeout=120
+        )
+        self.resource_version = str((listed.get("metadata") or {}).get("resourceVersion", ""))
+        items: list[JSON] = listed.get("items") or []
+        seen: set[str] = set()
+        for obj in items:
+            key = object_key(obj)
+            seen.add(key)
+            version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+            previous = self._known.get(key)
+            if previous == version:
+                continue
+            self._deliver("ADDED" if previous is None else "MODIFIED", obj)
+        for key in list(self._known):
+            if key not in seen:
+                namespace, _, name = key.rpartition("/")
+                meta: dict[str, Any] = {"name": name}
+                if namespace:
+                    meta["namespace"] = namespace
+                self._deliver("DELETED", {"metadata": meta})
+        self.synced.set()
+
+    async def _watch(self) -> None:
+        query = [
+            *self._selectors(),
+            ("watch", "true"),
+            ("resourceVersion", self.resource_version),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", WATCH_SECONDS),
+        ]
+        timeout = aiohttp.ClientTimeout(sock_connect=10, sock_read=WATCH_SECONDS + 30)
+        response = await open_stream(
+            self.api, "GET", self.path, query=query, request_timeout=timeout
+        )
+        try:
+            buffer = b""
+            async for chunk in response.content.iter_any():
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        self._on_line(line)
+        finally:
+            response.release()
+
+    def _on_line(self, line: bytes) -> None:
+        event = json.loads(line)
+        kind = event.get("type")
+        obj: JSON = event.get("object") or {}
+        if kind == "ERROR":
+            code = obj.get("code", 0)
+            if code == 410:
+                raise Gone(410, "Gone", str(obj.get("message", "")), self.path)
+            raise KubeError(
+                int(code or 0), str(obj.get("reason", "")), str(obj.get("message")), self.path
+            )
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if version:
+            self.resource_version = str(version)
+        if kind in ("ADDED", "MODIFIED", "DELETED"):
+            self._deliver(kind, obj)
+
+    def _deliver(self, kind: str, obj: JSON) -> None:
+        key = object_key(obj)
+        if kind == "DELETED":
+            self._known.pop(key, None)
+        else:
+            self._known[key] = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+        try:
+            self.handler(kind, obj)
+        except Exception:  # one bad object must not stop the stream
+            self._log.exception("handler failed", event=kind, object=key)
