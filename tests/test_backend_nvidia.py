@@ -1,0 +1,398 @@
+"""The NVIDIA backend against a fake NVML with realistic node data (tests/fixtures/nvml_*.json).
+
+The fake raises pynvml's own error classes, so the backend's error handling is exercised
+with the exceptions the real binding throws.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes.util
+import json
+import queue
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+import pytest
+from structlog.testing import capture_logs
+
+from hami.backends import AllocationRequest, BackendError, BackendSettings, Device, registry
+from hami.backends._nvml import model_name, sysfs_bus_id
+from hami.backends.nvidia import NvidiaBackend
+from hami.protocol import ContainerDevice
+
+FIXTURES = Path(__file__).parent / "fixtures"
+XID = pynvml.nvmlEventTypeXidCriticalError
+
+
+def nvml_error(code: int) -> pynvml.NVMLError:
+    return pynvml.NVMLError(code)  # maps to the subclass, e.g. NVMLError_GpuIsLost
+
+
+@dataclass
+class FakeGpu:
+    index: int
+    uuid: str
+    name: str
+    memory_total_bytes: int
+    bus_id: str
+    numa_node: int | None = None
+    lost: str | None = None  # "handle": lost before its uuid is read; "after_uuid": after
+
+
+@dataclass(frozen=True)
+class Handle:
+    index: int
+
+
+class FakeNvml:
+    """The slice of pynvml the backend uses, with call records."""
+
+    NVMLError = pynvml.NVMLError
+    nvmlEventTypeXidCriticalError = XID
+
+    def __init__(self, gpus: list[FakeGpu], *, init_error: int | None = None) -> None:
+        self.gpus = gpus
+        self.init_error = init_error
+        self.init_calls = 0
+        self.shutdown_calls = 0
+        self.threads: set[int] = set()
+        self.events: queue.Queue[Any] = queue.Queue()
+        self.registered: list[str] = []
+        self.freed = 0
+        self.count_error: int | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("NVMLError_"):  # every error class pynvml has
+            return getattr(pynvml, name)
+        raise AttributeError(name)
+
+    def _call(self) -> None:
+        self.threads.add(threading.get_ident())
+
+    def _gpu(self, handle: Handle, stage: str) -> FakeGpu:
+        gpu = self.gpus[handle.index]
+        if gpu.lost == stage:
+            raise nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return gpu
+
+    def nvmlInit(self) -> None:
+        self._call()
+        self.init_calls += 1
+        if self.init_error is not None:
+            raise nvml_error(self.init_error)
+
+    def nvmlShutdown(self) -> None:
+        self.shutdown_calls += 1
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._call()
+        if self.count_error is not None:
+            raise nvml_error(self.count_error)
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Handle:
+        self._call()
+        if self.gpus[index].lost == "handle":
+            raise nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return Handle(index)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Handle:
+        self._call()
+        for gpu in self.gpus:
+            if gpu.uuid == uuid:
+                return Handle(gpu.index)
+        raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetUUID(self, handle: Handle) -> str:
+        self._call()
+        return self.gpus[handle.index].uuid
+
+    def nvmlDeviceGetName(self, handle: Handle) -> str:
+        self._call()
+        return self._gpu(handle, "after_uuid").name
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Handle) -> SimpleNamespace:
+        total = self._gpu(handle, "after_uuid").memory_total_bytes
+        return SimpleNamespace(total=total, free=total - 2**30, used=2**30)
+
+    def nvmlDeviceGetPciInfo(self, handle: Handle) -> SimpleNamespace:
+        # Real pynvml decodes busId to str; older bindings gave bytes: exercise that path.
+        return SimpleNamespace(busId=self._gpu(handle, "after_uuid").bus_id.encode())
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Handle) -> int:
+        return int(XID | pynvml.nvmlEventTypeSingleBitEccError)
+
+    def nvmlDeviceRegisterEvents(self, handle: Handle, types: int, event_set: object) -> None:
+        self._call()
+        assert types == XID
+        self.registered.append(self.gpus[handle.index].uuid)
+
+    def nvmlEventSetCreate(self) -> object:
+        return object()
+
+    def nvmlEventSetFree(self, event_set: object) -> None:
+        self.freed += 1
+
+    def nvmlEventSetWait(self, event_set: object, timeout_ms: int) -> Any:
+        self._call()
+        try:
+            return self.events.get(timeout=timeout_ms / 1000)
+        except queue.Empty:
+            raise nvml_error(pynvml.NVML_ERROR_TIMEOUT) from None
+
+    def push_xid(self, xid: int, index: int | None, event_type: int = XID) -> None:
+        device = Handle(index) if index is not None else None  # None: a null handle
+        self.events.put(SimpleNamespace(device=device, eventType=event_type, eventData=xid))
+
+
+def load_node(name: str, sysfs: Path) -> list[FakeGpu]:
+    """The fixture's GPUs, with their numa_node files written under a sysfs tree."""
+    gpus = [FakeGpu(**d) for d in json.loads((FIXTURES / name).read_text())["devices"]]
+    for gpu in gpus:
+        if gpu.numa_node is not None:
+            entry = sysfs / "bus/pci/devices" / sysfs_bus_id(gpu.bus_id)
+            entry.mkdir(parents=True)
+            (entry / "numa_node").write_text(f"{gpu.numa_node}\n")
+    return gpus
+
+
+def backend_for(nvml: FakeNvml, sysfs: Path, **options: Any) -> NvidiaBackend:
+    settings = BackendSettings(
+        options={"sysfs_root": str(sysfs), "event_timeout_ms": 20, **options}
+    )
+    return NvidiaBackend(settings, nvml=nvml)
+
+
+@pytest.fixture
+def a100(tmp_path: Path) -> tuple[FakeNvml, NvidiaBackend]:
+    nvml = FakeNvml(load_node("nvml_dgx_a100_80gb.json", tmp_path))
+    return nvml, backend_for(nvml, tmp_path)
+
+
+async def test_dgx_a100_enumeration(a100: tuple[FakeNvml, NvidiaBackend]) -> None:
+    nvml, backend = a100
+    devices = await backend.enumerate()
+    assert [d.index for d in devices] == list(range(8))
+    assert [d.uuid for d in devices] == [g.uuid for g in nvml.gpus]
+    assert {d.model for d in devices} == {"NVIDIA A100-SXM4-80GB"}  # already prefixed: kept
+    assert {d.memory_mib for d in devices} == {81920}
+    assert [d.numa for d in devices] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert all(d.healthy for d in devices)
+    assert threading.get_ident() not in nvml.threads  # no NVML call on the event loop
+
+    node = backend.to_node_devices(devices)
+    assert (node[5].count, node[5].memory, node[5].cores, node[5].numa) == (10, 81920, 100, 1)
+
+    await backend.enumerate()
+    assert nvml.init_calls == 1  # NVML starts once
+    await backend.close()
+    assert nvml.shutdown_calls == 1
+    await backend.close()
+    assert nvml.shutdown_calls == 1
+
+
+async def test_mixed_node_models_and_numa_fallback(tmp_path: Path) -> None:
+    nvml = FakeNvml(load_node("nvml_mixed_v100_t4.json", tmp_path))
+    devices = await backend_for(nvml, tmp_path).enumerate()
+    assert [(d.model, d.memory_mib, d.numa) for d in devices] == [
+        ("NVIDIA-Tesla V100-PCIE-32GB", 32768, 0),  # numa_node -1
+        ("NVIDIA-Tesla V100-PCIE-32GB", 32768, 0),  # no numa_node file
+        ("NVIDIA-Tesla T4", 15360, 1),  # PCI domain 0001
+    ]
+
+
+def test_words() -> None:
+    assert model_name("Tesla V100-PCIE-32GB") == "NVIDIA-Tesla V100-PCIE-32GB"
+    assert model_name("NVIDIA A100-SXM4-40GB") == "NVIDIA A100-SXM4-40GB"
+    assert sysfs_bus_id("00000000:0F:00.0") == "0000:0f:00.0"
+    assert sysfs_bus_id("0000:af:00.0") == "0000:af:00.0"
+    backend = NvidiaBackend(nvml=FakeNvml([]))
+    assert (backend.type_word, backend.vendor_word) == ("nvidia", "NVIDIA")
+    assert backend.resources.count == "nvidia.com/gpu"
+    assert backend.register_key == "hami.io/node-nvidia-register"
+    assert backend.allocated_key == "hami.io/vgpu-devices-allocated"
+
+
+def test_registered_entry_point() -> None:
+    assert registry.load_class("nvidia") is NvidiaBackend
+
+
+async def test_library_missing_is_a_clear_error(tmp_path: Path) -> None:
+    nvml = FakeNvml([], init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    backend = backend_for(nvml, tmp_path)
+    with capture_logs() as logs, pytest.raises(BackendError) as err:
+        await backend.enumerate()
+    message = str(err.value)
+    assert "libnvidia-ml.so.1" in message
+    assert "driver" in message
+    assert "container runtime" in message
+    assert any(e["event"] == "nvidia.nvml_init_failed" for e in logs)
+    # Once the driver is there, the next call starts NVML: nothing was cached as broken.
+    nvml.init_error = None
+    assert await backend.enumerate() == []
+    await backend.close()
+
+
+async def test_driver_not_loaded_and_count_failure(tmp_path: Path) -> None:
+    nvml = FakeNvml([], init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    with pytest.raises(BackendError, match="driver is not loaded"):
+        await backend_for(nvml, tmp_path).enumerate()
+    nvml = FakeNvml([])
+    nvml.count_error = pynvml.NVML_ERROR_UNKNOWN
+    with pytest.raises(BackendError, match="could not count"):
+        await backend_for(nvml, tmp_path).enumerate()
+
+
+@pytest.mark.skipif(
+    ctypes.util.find_library("nvidia-ml") is not None, reason="this machine has an NVIDIA driver"
+)
+async def test_real_pynvml_without_driver() -> None:
+    with pytest.raises(BackendError, match=r"libnvidia-ml\.so\.1"):
+        await NvidiaBackend().enumerate()
+
+
+async def test_lost_device_does_not_lose_the_others(
+    a100: tuple[FakeNvml, NvidiaBackend],
+) -> None:
+    nvml, backend = a100
+    nvml.gpus[2].lost = "handle"  # uuid never read: skipped
+    nvml.gpus[5].lost = "after_uuid"  # uuid known: unhealthy
+    with capture_logs() as logs:
+        devices = await backend.enumerate()
+    assert [d.index for d in devices] == [0, 1, 3, 4, 5, 6, 7]
+    lost = devices[4]
+    assert (lost.uuid, lost.healthy, lost.memory_mib) == (nvml.gpus[5].uuid, False, 0)
+    assert all(d.healthy for d in devices if d.index != 5)
+    events = {e["event"] for e in logs}
+    assert {"nvidia.device_skipped", "nvidia.device_unhealthy"} <= events
+
+
+async def test_device_lost_after_enumeration_keeps_its_identity(
+    a100: tuple[FakeNvml, NvidiaBackend],
+) -> None:
+    nvml, backend = a100
+    await backend.enumerate()
+    nvml.gpus[3].lost = "handle"
+    devices = await backend.enumerate()
+    assert len(devices) == 8
+    assert devices[3] == Device(
+        nvml.gpus[3].uuid, 3, "NVIDIA A100-SXM4-80GB", 81920, 0, healthy=False
+    )
+    nvml.gpus[3].lost = None  # a device once lost stays unhealthy until restart
+    assert not (await backend.enumerate())[3].healthy
+
+
+class HealthLog:
+    def __init__(self) -> None:
+        self.changes: list[tuple[str, bool]] = []
+        self.changed = asyncio.Event()
+
+    def __call__(self, uuid: str, healthy: bool) -> None:
+        self.changes.append((uuid, healthy))
+        self.changed.set()
+
+    async def wait(self, count: int) -> None:
+        async with asyncio.timeout(5):
+            while len(self.changes) < count:
+                self.changed.clear()
+                await self.changed.wait()
+
+
+async def test_health_xid_79_marks_unhealthy_xid_43_does_not(
+    a100: tuple[FakeNvml, NvidiaBackend],
+) -> None:
+    nvml, backend = a100
+    devices = await backend.enumerate()
+    health = HealthLog()
+    watcher = asyncio.create_task(backend.watch_health(devices, health))
+    nvml.push_xid(43, 1)  # application error: GPU stopped processing
+    nvml.push_xid(7, 2, event_type=pynvml.nvmlEventTypeSingleBitEccError)  # not an Xid event
+    nvml.push_xid(79, 6)  # GPU has fallen off the bus
+    await health.wait(1)
+    assert health.changes == [(nvml.gpus[6].uuid, False)]
+    assert sorted(nvml.registered) == sorted(g.uuid for g in nvml.gpus)
+    assert threading.get_ident() not in nvml.threads
+
+    # Re-enumeration keeps it unhealthy.
+    assert [d.healthy for d in await backend.enumerate()] == [True] * 6 + [False, True]
+
+    watcher.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await watcher
+    await backend.close()  # waits for the thread, then shuts NVML down
+    assert nvml.freed == 1
+    assert nvml.shutdown_calls == 1
+
+
+async def test_health_event_without_device_marks_all(
+    a100: tuple[FakeNvml, NvidiaBackend],
+) -> None:
+    nvml, backend = a100
+    devices = await backend.enumerate()
+    health = HealthLog()
+    watcher = asyncio.create_task(backend.watch_health(devices, health))
+    nvml.push_xid(48, None)  # double-bit ECC error, device unknown
+    await health.wait(8)
+    assert sorted(health.changes) == sorted((g.uuid, False) for g in nvml.gpus)
+    watcher.cancel()
+    await asyncio.gather(watcher, return_exceptions=True)
+    await backend.close()
+
+
+async def test_ignored_xids_are_configurable(tmp_path: Path) -> None:
+    nvml = FakeNvml(load_node("nvml_mixed_v100_t4.json", tmp_path))
+    backend = backend_for(nvml, tmp_path, ignored_xids=[79])
+    devices = await backend.enumerate()
+    health = HealthLog()
+    watcher = asyncio.create_task(backend.watch_health(devices, health))
+    nvml.push_xid(79, 0)
+    nvml.push_xid(43, 2)  # no longer in the ignored list
+    await health.wait(1)
+    assert health.changes == [(nvml.gpus[2].uuid, False)]
+    watcher.cancel()
+    await asyncio.gather(watcher, return_exceptions=True)
+    await backend.close()
+
+
+async def test_health_checks_can_be_disabled(tmp_path: Path) -> None:
+    backend = backend_for(FakeNvml([]), tmp_path, health_checks=False)
+    await asyncio.wait_for(backend.watch_health([], HealthLog()), 1)
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"ignore_xids": [1]}, "ignore_xids"),
+        ({"ignored_xids": "13,43"}, "ignored_xids"),
+        ({"health_checks": "yes"}, "health_checks"),
+        ({"event_timeout_ms": 0}, "event_timeout_ms"),
+        ({"hamicore": {"libary": "/x"}}, "libary"),
+    ],
+)
+def test_bad_options_name_the_key(options: dict[str, Any], named: str) -> None:
+    with pytest.raises(BackendError, match=named):
+        NvidiaBackend(BackendSettings(options=options), nvml=FakeNvml([]))
+
+
+def test_allocate_is_the_hamicore_answer() -> None:
+    backend = NvidiaBackend(nvml=FakeNvml([]))
+    answer = backend.allocate(
+        AllocationRequest(
+            pod_namespace="default",
+            pod_name="train",
+            pod_uid="8d2c",
+            container_name="main",
+            container_index=0,
+            devices=[ContainerDevice("GPU-a", "NVIDIA", 3000, 30)],
+            node_devices=[],
+        )
+    )
+    assert answer.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-a"
+    assert answer.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
+    assert answer.envs["CUDA_DEVICE_SM_LIMIT"] == "30"
+    assert answer.host_dirs == ["/usr/local/vgpu/containers/8d2c_main"]
