@@ -1,0 +1,816 @@
+"""A kubelet emulator: the parts of kubelet a device plugin and a scheduler can see.
+
+For one node name it
+
+- creates (or takes over) the Node object and keeps its status: capacity/allocatable for
+  cpu, memory, pods and every extended resource learned from device plugins, a Ready
+  condition with a heartbeat every `heartbeat_interval` seconds;
+- serves the kubelet `Registration` service (device plugin API v1beta1) on
+  `<plugin_dir>/kubelet.sock`; for each registration it connects to
+  `<plugin_dir>/<endpoint>`, follows `ListAndWatch` and reports the devices in the Node
+  status (capacity: all devices, allocatable: the healthy ones);
+- watches the pods bound to its node and admits each new one: for every container that
+  requests a registered resource (init containers first, in spec order, then containers)
+  it picks device ids (through `GetPreferredAllocation` when the plugin offers it, else the
+  first free healthy ones; devices of init containers may be reused by later containers,
+  as kubelet does), calls `Allocate` (and `PreStartContainer` when the plugin asks for it),
+  records the answers in `admissions`, and sets the pod `Running`; when anything fails the
+  pod becomes `Failed` with reason `UnexpectedAdmissionError`, like kubelet;
+- finishes the deletion of its pods (kubelet's final delete with grace period 0) and
+  releases their devices.
+
+Extended resources with no registered plugin are ignored, as kubelet ignores resources
+the node does not have (they may belong to a scheduler extender).
+
+    async with KubeletEmulator("node-a", kubeconfig, plugin_dir) as kubelet:
+        await kubelet.wait_for_resource("hami.io/vgpu", 4)
+        admission = await kubelet.wait_for_admission("default", "pod-1")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grpclib.client import Channel
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+from grpclib.server import Server, Stream
+
+from hami._proto.v1beta1 import api_grpc, api_pb2
+from hami.testkit.controlplane import api_client
+
+log = logging.getLogger("hami.testkit.kubelet")
+
+API_VERSION = "v1beta1"
+KUBELET_SOCKET = "kubelet.sock"
+MERGE_PATCH = "application/merge-patch+json"
+UNEXPECTED_ADMISSION_ERROR = "UnexpectedAdmissionError"
+CONDITION_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _is_extended(resource: str) -> bool:
+    return "/" in resource and not resource.startswith(("kubernetes.io/", "requests."))
+
+
+class KubeApiError(RuntimeError):
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"HTTP {status}: {body[:500]}")
+        self.status = status
+
+
+async def _json(call: Awaitable[Any]) -> Any:
+    """Await a kubernetes_asyncio call made with `_preload_content=False`; return the JSON.
+
+    Raw mode avoids the client's model deserialisation (slow, and it fails on some answers,
+    e.g. the Status a Binding returns) and gives plain dicts."""
+    resp = await call
+    try:
+        text = await resp.text()
+        if resp.status >= 300:
+            raise KubeApiError(resp.status, text)
+        return json.loads(text) if text else None
+    finally:
+        resp.release()
+
+
+@dataclass
+class PluginState:
+    """A registered device plugin, as the emulator sees it."""
+
+    resource: str
+    endpoint: str
+    options: api_pb2.DevicePluginOptions
+    #: device id -> health ("Healthy"/"Unhealthy"), in the order ListAndWatch sent them
+    devices: dict[str, str] = field(default_factory=dict)
+    connected: bool = False
+    #: how many ListAndWatch answers arrived on the current connection
+    updates: int = 0
+    error: str | None = None
+
+    @property
+    def healthy(self) -> list[str]:
+        return [d for d, h in self.devices.items() if h == "Healthy"]
+
+
+@dataclass
+class ContainerAllocation:
+    """One Allocate call made for one container and one resource."""
+
+    container: str
+    init: bool
+    resource: str
+    device_ids: list[str]
+    response: api_pb2.ContainerAllocateResponse
+
+
+@dataclass
+class PodAdmission:
+    """What the emulator did with a pod bound to its node."""
+
+    namespace: str
+    name: str
+    uid: str
+    containers: list[ContainerAllocation] = field(default_factory=list)
+    #: "Running" or "Failed"
+    phase: str = "Pending"
+    reason: str | None = None
+    message: str | None = None
+    #: the pod object is gone from the API server (its devices are free again)
+    deleted: bool = False
+
+    def for_container(self, name: str) -> list[ContainerAllocation]:
+        return [c for c in self.containers if c.container == name]
+
+    @property
+    def envs(self) -> dict[str, dict[str, str]]:
+        """Container name -> the environment from all its Allocate answers."""
+        out: dict[str, dict[str, str]] = {}
+        for c in self.containers:
+            out.setdefault(c.container, {}).update(dict(c.response.envs))
+        return out
+
+
+class _AdmissionError(Exception):
+    pass
+
+
+class _Registration(api_grpc.RegistrationBase):
+    def __init__(self, kubelet: KubeletEmulator) -> None:
+        self._kubelet = kubelet
+
+    async def Register(self, stream: Stream[api_pb2.RegisterRequest, api_pb2.Empty]) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        error = self._kubelet._register(request)
+        await self._kubelet._notify()
+        if error:
+            raise GRPCError(Status.INVALID_ARGUMENT, error)
+        await stream.send_message(api_pb2.Empty())
+
+
+class KubeletEmulator:
+    """See the module docstring. Use `async with`, or `start()` and `stop()`."""
+
+    def __init__(
+        self,
+        node_name: str,
+        kubeconfig: str | Path,
+        plugin_dir: str | Path,
+        *,
+        labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+        base_capacity: Mapping[str, str] | None = None,
+        heartbeat_interval: float = 10.0,
+        rpc_timeout: float = 10.0,
+    ) -> None:
+        self.node_name = node_name
+        self.kubeconfig = Path(kubeconfig)
+        self.plugin_dir = Path(plugin_dir)
+        self.socket_path = self.plugin_dir / KUBELET_SOCKET
+        if len(str(self.socket_path)) >= 108:
+            raise ValueError(f"unix socket path too long (max 107 bytes): {self.socket_path}")
+        self.labels = {"kubernetes.io/hostname": node_name, **(labels or {})}
+        self.annotations = dict(annotations or {})
+        self.base_capacity = dict(base_capacity or {"cpu": "32", "memory": "128Gi", "pods": "110"})
+        self.heartbeat_interval = heartbeat_interval
+        self.rpc_timeout = rpc_timeout
+        #: resource name -> plugin
+        self.plugins: dict[str, PluginState] = {}
+        #: (namespace, name) -> the latest admission of that pod
+        self.admissions: dict[tuple[str, str], PodAdmission] = {}
+        #: every Register request received, in order
+        self.registrations: list[api_pb2.RegisterRequest] = []
+        self._api: Any = None
+        self._core: Any = None
+        self._api_cm: contextlib.AbstractAsyncContextManager[Any] | None = None
+        self._server: Server | None = None
+        self._channels: dict[str, Channel] = {}
+        self._plugin_tasks: dict[str, asyncio.Task[None]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._by_uid: dict[str, PodAdmission] = {}
+        self._used: dict[str, dict[str, str]] = {}  # resource -> device id -> pod uid
+        self._queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+        self._changed = asyncio.Condition()
+        self._status_lock = asyncio.Lock()
+        self._deleting: set[str] = set()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> KubeletEmulator:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        self._api_cm = api_client(self.kubeconfig)
+        self._api = await self._api_cm.__aenter__()
+        from kubernetes_asyncio import client
+
+        self._core = client.CoreV1Api(self._api)
+        try:
+            await self._ensure_node()
+            await self._serve()
+        except BaseException:
+            await self.stop()
+            raise
+        self._tasks = [
+            asyncio.create_task(self._heartbeat(), name=f"kubelet[{self.node_name}].heartbeat"),
+            asyncio.create_task(self._watch_pods(), name=f"kubelet[{self.node_name}].pods"),
+            asyncio.create_task(self._admit_loop(), name=f"kubelet[{self.node_name}].admit"),
+        ]
+
+    async def stop(self) -> None:
+        """Stop serving and watching; the Node object stays."""
+        tasks = self._tasks + list(self._plugin_tasks.values())
+        self._tasks = []
+        self._plugin_tasks.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._close_server()
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+        if self._api_cm is not None:
+            cm, self._api_cm = self._api_cm, None
+            await cm.__aexit__(None, None, None)
+
+    async def restart(self) -> None:
+        """Like a kubelet restart: drop the plugin connections, remove kubelet.sock and
+        serve a new one. Plugins must register again (they watch for the new socket);
+        until then their resources show 0 allocatable. Pods and admissions are kept."""
+        await self._close_server()
+        tasks = list(self._plugin_tasks.values())
+        self._plugin_tasks.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+        for plugin in self.plugins.values():
+            plugin.connected = False
+        await self._patch_node_status()
+        await self._serve()
+        await self._notify()
+
+    async def _serve(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        self._server = Server([_Registration(self)])
+        await self._server.start(path=str(self.socket_path))
+
+    async def _close_server(self) -> None:
+        if self._server is not None:
+            server, self._server = self._server, None
+            server.close()
+            await server.wait_closed()
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+
+    # ------------------------------------------------------------------ waiting helpers
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def wait_for(
+        self,
+        predicate: Callable[[], bool],
+        timeout: float = 30.0,  # noqa: ASYNC109
+    ) -> None:
+        """Wait until predicate() holds; it is re-checked whenever the emulator's state
+        changes (registration, device update, admission)."""
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(predicate)
+
+    async def wait_for_resource(
+        self,
+        resource: str,
+        healthy: int | None = None,
+        timeout: float = 30.0,  # noqa: ASYNC109
+    ) -> PluginState:
+        """Wait until `resource`'s plugin is connected and has sent its devices (and, if
+        given, reports exactly `healthy` healthy devices); the Node status is patched by
+        then."""
+
+        def ready() -> bool:
+            p = self.plugins.get(resource)
+            return (
+                p is not None
+                and p.connected
+                and p.updates > 0
+                and (healthy is None or len(p.healthy) == healthy)
+            )
+
+        try:
+            await self.wait_for(ready, timeout)
+        except TimeoutError:
+            raise TimeoutError(
+                f"{self.node_name}: resource {resource} not ready after {timeout}s: "
+                f"{self.plugins.get(resource)}"
+            ) from None
+        return self.plugins[resource]
+
+    async def wait_for_admission(
+        self,
+        namespace: str,
+        name: str,
+        timeout: float = 30.0,  # noqa: ASYNC109
+    ) -> PodAdmission:
+        """Wait until the pod was admitted (Running) or rejected (Failed); its status has
+        been patched by then."""
+
+        def done() -> bool:
+            a = self.admissions.get((namespace, name))
+            return a is not None and a.phase != "Pending"
+
+        try:
+            await self.wait_for(done, timeout)
+        except TimeoutError:
+            raise TimeoutError(
+                f"{self.node_name}: pod {namespace}/{name} not admitted after {timeout}s"
+            ) from None
+        return self.admissions[(namespace, name)]
+
+    # ------------------------------------------------------------------ node
+
+    def _node_status(self) -> dict[str, Any]:
+        capacity = dict(self.base_capacity)
+        allocatable = dict(self.base_capacity)
+        for resource, plugin in self.plugins.items():
+            capacity[resource] = str(len(plugin.devices))
+            allocatable[resource] = str(len(plugin.healthy) if plugin.connected else 0)
+        now = _now()
+        return {
+            "capacity": capacity,
+            "allocatable": allocatable,
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "kubelet emulator is posting ready status",
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }
+            ],
+            "addresses": [
+                {"type": "InternalIP", "address": "127.0.0.1"},
+                {"type": "Hostname", "address": self.node_name},
+            ],
+            "nodeInfo": {
+                "architecture": "amd64",
+                "operatingSystem": "linux",
+                "kubeletVersion": "v1.36.2-hami-emulator",
+                "containerRuntimeVersion": "emulated://0",
+                "kernelVersion": "",
+                "osImage": "hami kubelet emulator",
+                "bootID": "",
+                "machineID": "",
+                "systemUUID": "",
+                "kubeProxyVersion": "",
+            },
+        }
+
+    async def _ensure_node(self) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": self.node_name,
+                "labels": self.labels,
+                "annotations": self.annotations,
+            },
+        }
+        try:
+            await _json(self._core.create_node(body, _preload_content=False))
+        except KubeApiError as exc:
+            if exc.status != 409:
+                raise
+            patch = {"metadata": {"labels": self.labels, "annotations": self.annotations}}
+            await _json(
+                self._core.patch_node(
+                    self.node_name, patch, _content_type=MERGE_PATCH, _preload_content=False
+                )
+            )
+        await self._patch_node_status()
+        await self._untaint()
+
+    async def _untaint(self) -> None:
+        """Remove the not-ready/unreachable taints (the API server's TaintNodesByCondition
+        admission puts `node.kubernetes.io/not-ready` on every new Node; without
+        kube-controller-manager nobody else takes it off once the node is Ready)."""
+        for _ in range(5):
+            node = await _json(self._core.read_node(self.node_name, _preload_content=False))
+            taints = node.get("spec", {}).get("taints") or []
+            keep = [t for t in taints if t.get("key") not in CONDITION_TAINTS]
+            if keep == taints:
+                return
+            patch = {
+                "metadata": {"resourceVersion": node["metadata"]["resourceVersion"]},
+                "spec": {"taints": keep or None},
+            }
+            try:
+                await _json(
+                    self._core.patch_node(
+                        self.node_name, patch, _content_type=MERGE_PATCH, _preload_content=False
+                    )
+                )
+                return
+            except KubeApiError as exc:
+                if exc.status != 409:
+                    raise
+        raise RuntimeError(f"{self.node_name}: could not remove the not-ready taint")
+
+    async def _patch_node_status(self) -> None:
+        async with self._status_lock:
+            await _json(
+                self._core.patch_node_status(
+                    self.node_name,
+                    {"status": self._node_status()},
+                    _content_type=MERGE_PATCH,
+                    _preload_content=False,
+                )
+            )
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval)
+            try:
+                await self._patch_node_status()
+            except Exception:
+                log.exception("%s: node status heartbeat failed", self.node_name)
+
+    # ------------------------------------------------------------------ device plugins
+
+    def _register(self, request: api_pb2.RegisterRequest) -> str | None:
+        """Handle Register; returns an error message, or None when accepted."""
+        self.registrations.append(request)
+        if request.version != API_VERSION:
+            return f"unsupported API version {request.version!r}, want {API_VERSION!r}"
+        if not _is_extended(request.resource_name):
+            return f"invalid extended resource name {request.resource_name!r}"
+        if "/" in request.endpoint or not request.endpoint:
+            return f"invalid endpoint {request.endpoint!r}: a file name in {self.plugin_dir}"
+        resource = request.resource_name
+        old = self._plugin_tasks.pop(resource, None)
+        if old is not None:
+            old.cancel()
+        if (channel := self._channels.pop(resource, None)) is not None:
+            channel.close()
+        previous = self.plugins.get(resource)
+        plugin = PluginState(
+            resource=resource,
+            endpoint=request.endpoint,
+            options=request.options,
+            devices=dict(previous.devices) if previous else {},
+        )
+        self.plugins[resource] = plugin
+        self._plugin_tasks[resource] = asyncio.create_task(
+            self._follow_plugin(plugin), name=f"kubelet[{self.node_name}].plugin[{resource}]"
+        )
+        log.info("%s: registered %s at %s", self.node_name, resource, request.endpoint)
+        return None
+
+    def _stub(self, plugin: PluginState) -> api_grpc.DevicePluginStub:
+        channel = self._channels.get(plugin.resource)
+        if channel is None:
+            channel = Channel(path=str(self.plugin_dir / plugin.endpoint))
+            self._channels[plugin.resource] = channel
+        return api_grpc.DevicePluginStub(channel)
+
+    async def _follow_plugin(self, plugin: PluginState) -> None:
+        stub = self._stub(plugin)
+        try:
+            async with stub.ListAndWatch.open() as stream:
+                await stream.send_message(api_pb2.Empty(), end=True)
+                plugin.connected = True
+                while (resp := await stream.recv_message()) is not None:
+                    plugin.devices = {d.ID: d.health for d in resp.devices}
+                    plugin.updates += 1
+                    await self._patch_node_status()
+                    await self._notify()
+            plugin.error = "ListAndWatch stream ended"
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            plugin.error = f"ListAndWatch failed: {exc!r}"
+            log.warning("%s: %s: %s", self.node_name, plugin.resource, plugin.error)
+        plugin.connected = False
+        with contextlib.suppress(Exception):
+            await self._patch_node_status()
+        await self._notify()
+
+    # ------------------------------------------------------------------ pods
+
+    async def _watch_pods(self) -> None:
+        selector = f"spec.nodeName={self.node_name}"
+        while True:
+            try:
+                listing = await _json(
+                    self._core.list_pod_for_all_namespaces(
+                        field_selector=selector, _preload_content=False
+                    )
+                )
+                version = listing["metadata"]["resourceVersion"]
+                seen = set()
+                for pod in listing["items"]:
+                    seen.add(pod["metadata"]["uid"])
+                    await self._queue.put(("ADDED", pod))
+                for uid, adm in list(self._by_uid.items()):
+                    if uid not in seen:
+                        await self._queue.put(
+                            (
+                                "DELETED",
+                                {
+                                    "metadata": {
+                                        "uid": uid,
+                                        "namespace": adm.namespace,
+                                        "name": adm.name,
+                                    }
+                                },
+                            )
+                        )
+                while True:
+                    version = await self._watch_once(selector, version)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                gone = isinstance(exc, KubeApiError) and exc.status == 410
+                if not gone:
+                    log.warning("%s: pod watch failed, re-listing: %r", self.node_name, exc)
+                    await asyncio.sleep(1)
+
+    async def _watch_once(self, selector: str, version: str) -> str:
+        resp = await self._core.list_pod_for_all_namespaces(
+            field_selector=selector,
+            watch=True,
+            resource_version=version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=300,
+            _preload_content=False,
+        )
+        try:
+            if resp.status >= 300:
+                raise KubeApiError(resp.status, await resp.text())
+            async for line in resp.content:
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                obj = event["object"]
+                if event["type"] == "ERROR":
+                    raise KubeApiError(int(obj.get("code", 500)), json.dumps(obj))
+                version = obj["metadata"]["resourceVersion"]
+                if event["type"] != "BOOKMARK":
+                    await self._queue.put((event["type"], obj))
+        finally:
+            resp.release()
+        return version
+
+    async def _admit_loop(self) -> None:
+        while True:
+            kind, pod = await self._queue.get()
+            try:
+                await self._handle(kind, pod)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                meta = pod.get("metadata", {})
+                log.exception(
+                    "%s: handling pod %s/%s failed",
+                    self.node_name,
+                    meta.get("namespace"),
+                    meta.get("name"),
+                )
+
+    async def _handle(self, kind: str, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        uid = meta["uid"]
+        if kind == "DELETED":
+            self._release(uid)
+            adm = self._by_uid.pop(uid, None)
+            self._deleting.discard(uid)
+            if adm is not None:
+                adm.deleted = True
+                await self._notify()
+            return
+        if meta.get("deletionTimestamp"):
+            self._release(uid)
+            if uid not in self._deleting:
+                self._deleting.add(uid)
+                await self._finish_delete(meta)
+            return
+        phase = pod.get("status", {}).get("phase", "Pending")
+        if phase in ("Succeeded", "Failed"):
+            self._release(uid)
+            return
+        if uid in self._by_uid or phase != "Pending":
+            return
+        await self._admit(pod)
+
+    async def _finish_delete(self, meta: dict[str, Any]) -> None:
+        body = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}}
+        try:
+            await _json(
+                self._core.delete_namespaced_pod(
+                    meta["name"], meta["namespace"], body=body, _preload_content=False
+                )
+            )
+        except KubeApiError as exc:
+            if exc.status not in (404, 409):
+                raise
+
+    def _release(self, uid: str) -> None:
+        for used in self._used.values():
+            for device in [d for d, owner in used.items() if owner == uid]:
+                del used[device]
+
+    @staticmethod
+    def _device_requests(
+        container: dict[str, Any], plugins: Mapping[str, Any]
+    ) -> list[tuple[str, int]]:
+        resources = container.get("resources") or {}
+        wanted = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+        out = []
+        for name, quantity in wanted.items():
+            if name not in plugins:
+                continue
+            try:
+                count = int(str(quantity))
+            except ValueError:
+                raise _AdmissionError(
+                    f"invalid quantity {quantity!r} for device resource {name}"
+                ) from None
+            if count > 0:
+                out.append((name, count))
+        return out
+
+    async def _admit(self, pod: dict[str, Any]) -> None:
+        meta, spec = pod["metadata"], pod.get("spec", {})
+        adm = PodAdmission(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+        self._by_uid[adm.uid] = adm
+        self.admissions[(adm.namespace, adm.name)] = adm
+        containers = [(True, c) for c in spec.get("initContainers") or []]
+        containers += [(False, c) for c in spec.get("containers") or []]
+        reusable: dict[str, list[str]] = {}  # devices of finished init containers
+        try:
+            for init, container in containers:
+                for resource, count in self._device_requests(container, self.plugins):
+                    adm.containers.append(
+                        await self._allocate(
+                            adm.uid, container["name"], init, resource, count, reusable
+                        )
+                    )
+        except Exception as exc:
+            self._release(adm.uid)
+            adm.phase, adm.reason = "Failed", UNEXPECTED_ADMISSION_ERROR
+            detail = str(exc) if isinstance(exc, _AdmissionError) else repr(exc)
+            adm.message = f"Allocate failed due to {detail}, which is unexpected"
+            status: dict[str, Any] = {
+                "phase": "Failed",
+                "reason": adm.reason,
+                "message": adm.message,
+                "startTime": _now(),
+            }
+        else:
+            adm.phase = "Running"
+            status = self._running_status(spec)
+        try:
+            await _json(
+                self._core.patch_namespaced_pod_status(
+                    adm.name,
+                    adm.namespace,
+                    {"status": status},
+                    _content_type=MERGE_PATCH,
+                    _preload_content=False,
+                )
+            )
+        except KubeApiError as exc:
+            if exc.status != 404:
+                raise
+        await self._notify()
+
+    async def _allocate(
+        self,
+        uid: str,
+        container: str,
+        init: bool,
+        resource: str,
+        count: int,
+        reusable: dict[str, list[str]],
+    ) -> ContainerAllocation:
+        plugin = self.plugins[resource]
+        if not plugin.connected:
+            raise _AdmissionError(f"device plugin for {resource} is not connected")
+        used = self._used.setdefault(resource, {})
+        reuse = [d for d in reusable.get(resource, []) if d in plugin.devices]
+        free = reuse + [d for d in plugin.healthy if d not in used and d not in reuse]
+        if len(free) < count:
+            raise _AdmissionError(
+                f"requested number of devices unavailable for {resource}. "
+                f"Requested: {count}, Available: {len(free)}"
+            )
+        stub = self._stub(plugin)
+        if plugin.options.get_preferred_allocation_available:
+            preferred = await stub.GetPreferredAllocation(
+                api_pb2.PreferredAllocationRequest(
+                    container_requests=[
+                        api_pb2.ContainerPreferredAllocationRequest(
+                            available_deviceIDs=free, allocation_size=count
+                        )
+                    ]
+                ),
+                timeout=self.rpc_timeout,
+            )
+            ids = list(preferred.container_responses[0].deviceIDs)
+            if len(ids) != count or not set(ids) <= set(free):
+                raise _AdmissionError(
+                    f"GetPreferredAllocation for {resource} answered {ids}, want {count} of {free}"
+                )
+        else:
+            ids = free[:count]
+        response = await stub.Allocate(
+            api_pb2.AllocateRequest(
+                container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids)]
+            ),
+            timeout=self.rpc_timeout,
+        )
+        if len(response.container_responses) != 1:
+            raise _AdmissionError(
+                f"Allocate for {resource} returned {len(response.container_responses)} "
+                "container responses, want 1"
+            )
+        if plugin.options.pre_start_required:
+            await stub.PreStartContainer(
+                api_pb2.PreStartContainerRequest(devices_ids=ids), timeout=self.rpc_timeout
+            )
+        for device in ids:
+            used[device] = uid
+        if init:
+            reusable[resource] = ids
+        else:
+            reusable[resource] = [d for d in reusable.get(resource, []) if d not in ids]
+        return ContainerAllocation(container, init, resource, ids, response.container_responses[0])
+
+    def _running_status(self, spec: dict[str, Any]) -> dict[str, Any]:
+        now = _now()
+
+        def cstatus(c: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
+            return {
+                "name": c["name"],
+                "image": c.get("image", ""),
+                "imageID": "",
+                "containerID": f"emulated://{self.node_name}/{c['name']}",
+                "ready": True,
+                "started": "terminated" not in state,
+                "restartCount": 0,
+                "state": state,
+            }
+
+        done = {
+            "terminated": {
+                "exitCode": 0,
+                "reason": "Completed",
+                "startedAt": now,
+                "finishedAt": now,
+            }
+        }
+        conditions = [
+            {"type": t, "status": "True", "lastTransitionTime": now}
+            for t in (
+                "PodReadyToStartContainers",
+                "Initialized",
+                "Ready",
+                "ContainersReady",
+                "PodScheduled",
+            )
+        ]
+        status: dict[str, Any] = {
+            "phase": "Running",
+            "hostIP": "127.0.0.1",
+            "hostIPs": [{"ip": "127.0.0.1"}],
+            "startTime": now,
+            "conditions": conditions,
+            "containerStatuses": [
+                cstatus(c, {"running": {"startedAt": now}}) for c in spec.get("containers") or []
+            ],
+        }
+        if spec.get("initContainers"):
+            status["initContainerStatuses"] = [cstatus(c, done) for c in spec["initContainers"]]
+        return status
