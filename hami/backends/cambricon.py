@@ -1,0 +1,236 @@
+"""Cambricon MLU cards, enumerated with ``cnmon info -j`` (protocol.md section 6).
+
+``cnmon info -j`` writes its JSON to ``cnmon_info.json`` in its working directory (and a
+table to stdout), so it runs in a fresh temporary directory; when no file appears, stdout
+is parsed instead (versions or wrappers that print the JSON). Memory totals are MiB. A card
+has no core limiter: it registers 0 cores, as HAMi's MLU devices do, and has no health
+source, so every enumerated card is healthy.
+
+Options (``BackendSettings.options``), with their defaults:
+
+    cnmon: cnmon                # the command, a name on PATH or a path
+    cnmon_timeout: 10           # seconds before cnmon is killed
+    host_root: /                # where the node agent sees the host's root (device checks)
+    sysfs_root: /sys            # PCI sysfs, for each card's NUMA node
+    dev_path: /dev/cambricon_dev{slot}
+    ctl_path: /dev/cambricon_ctl
+    ipcm_path: /dev/cambricon_ipcm{slot}      # given only when it exists on the host
+    env_split_enable: CAMBRICON_SPLIT_ENABLE
+    env_visible_devices: CAMBRICON_SPLIT_VISIBLE_DEVICES
+    env_mems: CAMBRICON_SPLIT_MEMS
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+import structlog
+
+from hami.backends._nvml import numa_node
+from hami.backends.base import (
+    AllocationRequest,
+    Backend,
+    BackendError,
+    BackendSettings,
+    ContainerAllocation,
+    Device,
+    DeviceNode,
+    ResourceNames,
+)
+
+log = structlog.get_logger(__name__)
+
+MLU_RESOURCES = ResourceNames(
+    count="cambricon.com/vmlu",
+    memory="cambricon.com/mlu.smlu.vmemory",
+    cores="cambricon.com/mlu.smlu.vcore",
+    memory_unit_mib=256,
+)
+
+_STRING_OPTIONS = {
+    "cnmon": "cnmon",
+    "host_root": "/",
+    "sysfs_root": "/sys",
+    "dev_path": "/dev/cambricon_dev{slot}",
+    "ctl_path": "/dev/cambricon_ctl",
+    "ipcm_path": "/dev/cambricon_ipcm{slot}",
+    "env_split_enable": "CAMBRICON_SPLIT_ENABLE",
+    "env_visible_devices": "CAMBRICON_SPLIT_VISIBLE_DEVICES",
+    "env_mems": "CAMBRICON_SPLIT_MEMS",
+}
+_OUTPUT_FILE = "cnmon_info.json"
+
+
+class CambriconBackend(Backend):
+    type_word = "mlu"
+    vendor_word = "MLU"
+    default_resources = MLU_RESOURCES
+    allocated_key = "hami.io/cambricon-mlu-devices-allocated"
+    to_allocate_key = "hami.io/cambricon-mlu-devices-to-allocate"
+
+    def __init__(self, settings: BackendSettings | None = None) -> None:
+        super().__init__(settings)
+        options = self.settings.options
+        unknown = set(options) - set(_STRING_OPTIONS) - {"cnmon_timeout"}
+        if unknown:
+            known = sorted({*_STRING_OPTIONS, "cnmon_timeout"})
+            raise BackendError(f"mlu: unknown option(s) {sorted(unknown)}; known: {known}")
+        self.opts: dict[str, str] = {}
+        for key, default in _STRING_OPTIONS.items():
+            value = options.get(key, default)
+            if not isinstance(value, str) or not value:
+                raise BackendError(f"mlu: option {key!r} must be a non-empty string")
+            self.opts[key] = value
+        for key in ("dev_path", "ipcm_path"):
+            if "{slot}" not in self.opts[key]:
+                raise BackendError(f"mlu: option {key!r} must contain {{slot}}")
+        timeout = options.get("cnmon_timeout", 10)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            raise BackendError(f"mlu: option 'cnmon_timeout' must be seconds > 0, got {timeout!r}")
+        self.cnmon_timeout = float(timeout)
+
+    def core_limit(self, device: Device) -> int:
+        return 0  # no core limiter on MLU
+
+    # Enumeration
+
+    async def enumerate(self) -> list[Device]:
+        raw = await self._run_cnmon()
+        return self._parse(raw)
+
+    async def _run_cnmon(self) -> str:
+        command = self.opts["cnmon"]
+        workdir = await asyncio.to_thread(tempfile.mkdtemp, prefix="hami-cnmon-")
+        try:
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    command,
+                    "info",
+                    "-j",
+                    cwd=workdir,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                )
+            except FileNotFoundError as exc:
+                raise BackendError(
+                    f"mlu: {command!r} not found: the node needs the Cambricon driver and "
+                    f"cnmon installed, visible to the node agent (on its PATH, or set the "
+                    f"backend option 'cnmon' to its path)"
+                ) from exc
+            except PermissionError as exc:
+                raise BackendError(f"mlu: {command!r} is not executable: {exc}") from exc
+            try:
+                async with asyncio.timeout(self.cnmon_timeout):
+                    stdout, stderr = await proc.communicate()
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+                raise BackendError(
+                    f"mlu: '{command} info -j' did not finish within {self.cnmon_timeout:g} s "
+                    f"(a hung driver? raise the backend option 'cnmon_timeout' if it is slow)"
+                ) from None
+            if proc.returncode != 0:
+                tail = stderr.decode(errors="replace").strip()[-500:] or "(no stderr)"
+                raise BackendError(
+                    f"mlu: '{command} info -j' exited with status {proc.returncode}: {tail}"
+                )
+            written = await asyncio.to_thread(_read_if_present, os.path.join(workdir, _OUTPUT_FILE))
+            return written if written is not None else stdout.decode(errors="replace")
+        finally:
+            await asyncio.to_thread(shutil.rmtree, workdir, True)
+
+    def _parse(self, raw: str) -> list[Device]:
+        try:
+            cards = json.loads(raw)["CnmonInfo"]
+            if not isinstance(cards, list):
+                raise TypeError("CnmonInfo is not a list")
+            devices = [self._card(card) for card in cards]
+        except (ValueError, KeyError, TypeError) as exc:
+            snippet = raw.strip()[:200] or "(empty)"
+            raise BackendError(
+                f"mlu: cannot read 'cnmon info -j' output ({exc!r}); it starts with: {snippet}"
+            ) from exc
+        return sorted(devices, key=lambda d: d.index)
+
+    def _card(self, card: Mapping[str, Any]) -> Device:
+        return Device(
+            uuid=f"MLU-{_string(card['UUID'])}",
+            index=int(card["CardNum"]),
+            model=f"MLU-{_string(card['ProductName'])}",
+            memory_mib=int(card["PhysicalMemUsage"]["Total"]),
+            numa=self._numa(card.get("PCI")),
+        )
+
+    def _numa(self, pci: Any) -> int:
+        try:
+            address = (
+                f"{int(str(pci['DomainID']), 16):04x}:{int(str(pci['Bus']), 16):02x}:"
+                f"{int(str(pci['Device']), 16):02x}.{int(str(pci['Function']), 16):x}"
+            )
+        except (KeyError, TypeError, ValueError):
+            return 0  # older cnmon without PCI details
+        return numa_node(self.opts["sysfs_root"], address)
+
+    # Allocation
+
+    def allocate(self, request: AllocationRequest) -> ContainerAllocation:
+        pod = f"{request.pod_namespace}/{request.pod_name}"
+        if not request.devices:
+            raise BackendError(f"pod {pod} container {request.container_name}: no MLU to allocate")
+        cards = {d.uuid: d for d in request.node_devices}
+        slots: list[int] = []
+        split = False
+        for device in request.devices:
+            card = cards.get(device.uuid)
+            if card is None:
+                raise BackendError(
+                    f"pod {pod} container {request.container_name}: device {device.uuid} is "
+                    f"not on this node (known: {', '.join(sorted(cards)) or 'none'})"
+                )
+            slots.append(card.index)
+            split = split or device.memory < card.memory_mib
+
+        nodes = [self._node(self.opts["dev_path"].format(slot=s)) for s in slots]
+        nodes.append(self._node(self.opts["ctl_path"]))
+        for slot in slots:
+            ipcm = self.opts["ipcm_path"].format(slot=slot)
+            if self._on_host(ipcm):
+                nodes.append(self._node(ipcm))
+
+        envs = {
+            self.opts["env_visible_devices"]: ",".join(str(s) for s in slots),
+            self.opts["env_mems"]: ",".join(str(d.memory) for d in request.devices),
+        }
+        if split:
+            envs[self.opts["env_split_enable"]] = "1"
+        return ContainerAllocation(envs=envs, devices=nodes)
+
+    @staticmethod
+    def _node(path: str) -> DeviceNode:
+        return DeviceNode(host_path=path, container_path=path, permissions="rw")
+
+    def _on_host(self, path: str) -> bool:
+        return os.path.exists(os.path.join(self.opts["host_root"], path.lstrip("/")))
+
+
+def _read_if_present(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def _string(value: Any) -> str:
+    if not isinstance(value, str | int) or not str(value).strip():
+        raise ValueError(f"expected a non-empty string, got {value!r}")
+    return str(value).strip()
