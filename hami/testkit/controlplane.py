@@ -134,6 +134,9 @@ class CertificateAuthority:
             .not_valid_after(now + dt.timedelta(days=30))
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .add_extension(
+                x509.SubjectKeyIdentifier.from_public_key(self.key.public_key()), critical=False
+            )
+            .add_extension(
                 x509.KeyUsage(
                     digital_signature=True,
                     content_commitment=False,
@@ -190,6 +193,14 @@ class CertificateAuthority:
             .not_valid_before(now - dt.timedelta(hours=1))
             .not_valid_after(now + dt.timedelta(days=30))
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            # Python 3.13's default VERIFY_X509_STRICT wants the key identifiers
+            .add_extension(
+                x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False
+            )
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
+                critical=False,
+            )
         )
         if usages:
             builder = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
