@@ -1,0 +1,299 @@
+"""``NodeAgent``: the node role as an object, so tests and demos can run several in one process.
+
+    agent = NodeAgent(cfg, node_name="node-a", api=api_client, backends={"fake": backend},
+                      register_period=1.0, device_plugin_dir="/tmp/hk-x/0", http_port=0)
+    task = asyncio.create_task(agent.run())
+    await agent.wait_ready()
+    ...
+    await agent.stop()   # or cancel the task
+
+Tasks, all under one ``asyncio.TaskGroup`` (each named, each failure logged at once):
+
+- ``http``: ``/healthz`` and ``/metrics``;
+- per backend with devices: ``register[{name}]`` (the Node annotations),
+  ``device-plugin[{name}]`` (gRPC server + kubelet registration watcher) and
+  ``health[{name}]`` (the backend's health events).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+from hami import config, log
+from hami.backends import registry
+from hami.backends.base import Backend, BackendError
+from hami.node import http
+from hami.node.allocate import Allocator, KubeCalls, kube_calls
+from hami.node.metrics import NodeMetrics
+from hami.node.plugin import PluginServer
+from hami.node.registration import Registrar
+from hami.node.state import DeviceState
+
+_log = log.get(__name__)
+T = TypeVar("T")
+
+
+class _Stopped(Exception):
+    """Raised inside the task group to end it on request."""
+
+
+class NodeAgent:
+    def __init__(
+        self,
+        cfg: config.Config,
+        *,
+        node_name: str | None = None,
+        api: Any = None,
+        kubeconfig: str | None = None,
+        kube: KubeCalls | None = None,
+        backends: Mapping[str, Backend] | Sequence[Backend] | None = None,
+        register_period: float | None = None,
+        device_plugin_dir: str | None = None,
+        serve_http: bool = True,
+        http_address: str | None = None,
+        http_port: int | None = None,
+        kubelet_poll: float = 1.0,
+        min_backoff: float = 1.0,
+        lock_timeout: float | None = None,
+        now: Callable[[], datetime] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.node = node_name or cfg.node.name
+        if not self.node:
+            raise ValueError("the node agent needs a node name (NODE_NAME or --node-name)")
+        self._api = api
+        self._kubeconfig = kubeconfig if kubeconfig is not None else (cfg.kubeconfig or None)
+        self._kube = kube
+        if backends is None:
+            self._given: dict[str, Backend] | None = None
+        elif isinstance(backends, Mapping):
+            self._given = dict(backends)
+        else:
+            self._given = {b.type_word: b for b in backends}
+        self.period = register_period or cfg.node.register_period.seconds
+        self.plugin_dir = device_plugin_dir or cfg.node.device_plugin_dir
+        self.serve_http = serve_http
+        self.http_address = http_address or cfg.node.http.address
+        self.http_port: int = cfg.node.http.port if http_port is None else http_port
+        self.kubelet_poll = kubelet_poll
+        self.min_backoff = min_backoff
+        self.lock_timeout = timedelta(
+            seconds=lock_timeout or cfg.scheduler.node_lock_timeout.seconds
+        )
+        self.now = now or (lambda: datetime.now(UTC))
+        self.metrics = NodeMetrics()
+        self.states: dict[str, DeviceState] = {}
+        self.registrars: dict[str, Registrar] = {}
+        self.plugins: dict[str, PluginServer] = {}
+        self.allocator: Allocator | None = None
+        self.log = _log.bind(role="node", node=self.node)
+        self._stop = asyncio.Event()
+        self._ready = asyncio.Event()
+        self._pending: set[str] = set()
+        self._done = asyncio.Event()
+
+    # ------------------------------------------------------------------ public
+
+    async def wait_ready(self, timeout: float = 30.0) -> None:  # noqa: ASYNC109
+        """Wait until every backend is serving its device plugin (or found no devices)."""
+        async with asyncio.timeout(timeout):
+            await self._ready.wait()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def stop(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109
+        """Ask ``run`` to end and wait (bounded) until it has."""
+        self._stop.set()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._done.wait()
+
+    def status(self) -> dict[str, Any]:
+        backends: dict[str, Any] = {}
+        for name, state in self.states.items():
+            registrar = self.registrars.get(name)
+            plugin = self.plugins.get(name)
+            last = registrar.last_success if registrar else None
+            backends[name] = {
+                "type": state.backend.type_word,
+                "devices": len(state.devices),
+                "healthy": sum(1 for d in state.devices if d.healthy),
+                "registered_with_kubelet": bool(plugin and plugin.registered.is_set()),
+                "last_registration": last.isoformat() if last else None,
+                "registration_failures": registrar.failures if registrar else 0,
+            }
+        return {"node": self.node, "backends": backends}
+
+    async def run(self) -> None:
+        """Run until ``stop()`` (or cancellation). Raises on a fatal error."""
+        self._done.clear()
+        self._ready.clear()
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                kube = self._kube
+                if kube is None:
+                    api = self._api
+                    if api is None:
+                        from hami.kube.client import open_client
+
+                        api = await stack.enter_async_context(open_client(self._kubeconfig))
+                    kube = kube_calls(api)
+                self.allocator = Allocator(
+                    self.node, kube, lock_timeout=self.lock_timeout, now=self.now
+                )
+                backends = self._given
+                if backends is None:
+                    backends = self._create_backends()
+                    for backend in backends.values():
+                        stack.push_async_callback(_close_backend, backend)
+                self._pending = set(backends)
+                if not backends:
+                    self._ready.set()
+
+                async def patch_node(annotations: Mapping[str, str | None]) -> object:
+                    return await kube.patch_node(self.node, annotations, None)
+
+                try:
+                    async with asyncio.TaskGroup() as tg:
+                        tg.create_task(self._wait_stop(), name="stop")
+                        if self.serve_http:
+                            runner, self.http_port = await http.start(
+                                http.make_app(self.metrics, self.status),
+                                self.http_address,
+                                self.http_port,
+                            )
+                            stack.push_async_callback(runner.cleanup)
+                            self.log.info("http_serving", port=self.http_port)
+                        for name, backend in backends.items():
+                            tg.create_task(
+                                self._logged(
+                                    f"backend[{name}]",
+                                    self._run_backend(tg, name, backend, patch_node),
+                                ),
+                                name=f"backend[{name}]",
+                            )
+                except* _Stopped:
+                    pass
+        finally:
+            self.log.info("stopped")
+            self._done.set()
+
+    # ------------------------------------------------------------------ internals
+
+    def _create_backends(self) -> dict[str, Backend]:
+        created: dict[str, Backend] = {}
+        enabled = self.cfg.enabled_backends()
+        for name, section in enabled.items():
+            try:
+                created[name] = registry.create(name, section.settings(name))
+            except (BackendError, config.ConfigError) as exc:
+                self.log.error("backend_unavailable", backend=name, error=str(exc))
+        if enabled and not created:
+            raise BackendError(
+                f"no backend could start (enabled: {', '.join(enabled)}); see the errors above"
+            )
+        return created
+
+    async def _wait_stop(self) -> None:
+        await self._stop.wait()
+        raise _Stopped
+
+    async def _logged(self, name: str, work: Awaitable[T]) -> T:
+        try:
+            return await work
+        except (asyncio.CancelledError, _Stopped):
+            raise
+        except BaseException as exc:
+            self.log.error("task_failed", task=name, error=repr(exc), exc_info=True)
+            raise
+
+    def _started(self, name: str) -> None:
+        self._pending.discard(name)
+        if not self._pending:
+            self._ready.set()
+            self.log.info("node_agent_ready", backends=sorted(self.states))
+
+    async def _enumerate(self, name: str, backend: Backend) -> list[Any]:
+        delay, failures = self.min_backoff, 0
+        while True:
+            try:
+                return await backend.enumerate()
+            except BackendError as exc:
+                failures += 1
+                method = self.log.warning if failures == 1 else self.log.debug
+                method("enumerate_failed", backend=name, error=str(exc), retry_in=delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.period)
+
+    async def _run_backend(
+        self,
+        tg: asyncio.TaskGroup,
+        name: str,
+        backend: Backend,
+        patch_node: Callable[[Mapping[str, str | None]], Awaitable[object]],
+    ) -> None:
+        blog = self.log.bind(backend=name)
+        devices = await self._enumerate(name, backend)
+        if not devices:
+            blog.info("no_devices", type=backend.type_word)
+            self._started(name)
+            return
+        state = DeviceState(name, backend)
+        state.bind_loop()
+        state.set_enumerated(devices)
+        self.states[name] = state
+        assert self.allocator is not None
+        registrar = Registrar(
+            state,
+            patch_node,
+            period=self.period,
+            metrics=self.metrics,
+            now=self.now,
+            min_backoff=self.min_backoff,
+            node=self.node,
+        )
+        plugin = PluginServer(
+            state,
+            self.allocator,
+            self.metrics,
+            self.plugin_dir,
+            poll=self.kubelet_poll,
+            node=self.node,
+        )
+        self.registrars[name] = registrar
+        self.plugins[name] = plugin
+        tg.create_task(
+            self._logged(f"device-plugin[{name}]", plugin.run()), name=f"device-plugin[{name}]"
+        )
+        await plugin.serving.wait()
+        blog.info(
+            "backend_started",
+            type=backend.type_word,
+            devices=len(devices),
+            resource=backend.resources.count,
+        )
+        tg.create_task(self._logged(f"register[{name}]", registrar.run()), name=f"register[{name}]")
+        tg.create_task(
+            self._logged(f"health[{name}]", self._watch_health(state, blog)),
+            name=f"health[{name}]",
+        )
+        self._started(name)
+
+    async def _watch_health(self, state: DeviceState, blog: Any) -> None:
+        try:
+            await state.backend.watch_health(state.devices, state.on_health)
+        except BackendError as exc:
+            blog.error("health_watch_failed", error=str(exc))
+
+
+async def _close_backend(backend: Backend) -> None:
+    try:
+        async with asyncio.timeout(10):
+            await backend.close()
+    except Exception as exc:
+        _log.warning("backend_close_failed", backend=backend.type_word, error=repr(exc))

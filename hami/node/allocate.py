@@ -1,0 +1,433 @@
+"""kubelet's ``Allocate`` answered from the pod's annotations (protocol.md sections 4 and 5).
+
+The decisions are pure functions of plain dicts (``choose_pod``, ``plan_allocation``,
+``preferred_replicas``); ``Allocator`` does the Kubernetes I/O around them, one call at a
+time per node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from hami import log
+from hami.backends.base import (
+    AllocationRequest,
+    Backend,
+    BackendError,
+    ContainerAllocation,
+    Device,
+)
+from hami.protocol import (
+    ContainerDevice,
+    ProtocolError,
+    decode_pod_devices,
+    encode_pod_devices,
+    first_pending_entry,
+    keys,
+    parse_lock,
+)
+from hami.protocol.keys import BindPhase
+from hami.protocol.nodelock import DEFAULT_LOCK_TIMEOUT
+
+_log = log.get(__name__)
+
+Pod = Mapping[str, Any]
+
+
+class AllocateError(Exception):
+    """Allocation failed; the message names the pod (when one was found) and the cause."""
+
+    def __init__(self, cause: str, pod: str | None = None) -> None:
+        self.cause = cause
+        self.pod = pod
+        where = f"pod {pod}" if pod else "no pod"
+        super().__init__(f"hami: {where}: {cause}")
+
+
+def pod_ref(pod: Pod) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def _annotations(obj: Pod) -> Mapping[str, str]:
+    found: Mapping[str, str] = (obj.get("metadata") or {}).get("annotations") or {}
+    return found
+
+
+def _bind_time(pod: Pod) -> int:
+    try:
+        return int(_annotations(pod).get(keys.BIND_TIME, ""))
+    except ValueError:
+        return 2**63  # unknown bind time: after every pod that has one
+
+
+def is_pending_for(pod: Pod, node: str, to_allocate_key: str) -> bool:
+    """The pod waits for allocation on this node (bind-phase allocating, vgpu-node = node)."""
+    annotations = _annotations(pod)
+    phase = (pod.get("status") or {}).get("phase", "Pending")
+    return (
+        phase == "Pending"
+        and annotations.get(keys.BIND_PHASE) == BindPhase.ALLOCATING
+        and annotations.get(keys.VGPU_NODE) == node
+        and to_allocate_key in annotations
+        and not (pod.get("metadata") or {}).get("deletionTimestamp")
+    )
+
+
+def choose_pod(
+    node: str, to_allocate_key: str, lock_pod: Pod | None, candidates: Sequence[Pod]
+) -> Pod | None:
+    """The pod being started: the lock's pod if it is pending here, else the oldest pending
+    pod by ``hami.io/bind-time`` (then creation time, then name)."""
+    if lock_pod is not None and is_pending_for(lock_pod, node, to_allocate_key):
+        return lock_pod
+    pending = [p for p in candidates if is_pending_for(p, node, to_allocate_key)]
+    if not pending:
+        return None
+    return min(
+        pending,
+        key=lambda p: (
+            _bind_time(p),
+            str((p.get("metadata") or {}).get("creationTimestamp", "")),
+            pod_ref(p),
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerPlan:
+    index: int  # entry index: init containers first, then regular containers
+    name: str
+    devices: Sequence[ContainerDevice]
+    allocation: ContainerAllocation
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationPlan:
+    pod: str  # namespace/name
+    containers: Sequence[ContainerPlan]
+    annotations: Mapping[str, str]  # the pod patch: the erased value, and success when done
+    done: bool  # no entry left: bind-phase success, release the node lock
+
+
+def _containers(pod: Pod) -> list[Mapping[str, Any]]:
+    spec = pod.get("spec") or {}
+    found: list[Mapping[str, Any]] = list(spec.get("initContainers") or [])
+    found += list(spec.get("containers") or [])
+    return found
+
+
+def _env(container: Mapping[str, Any]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in container.get("env") or []:
+        if isinstance(item, Mapping) and isinstance(item.get("name"), str):
+            value = item.get("value")
+            out[item["name"]] = value if isinstance(value, str) else ""
+    return out
+
+
+def plan_allocation(
+    pod: Pod,
+    backend: Backend,
+    requested: Sequence[int],
+    node_devices: Sequence[Device],
+) -> AllocationPlan:
+    """What to answer for one Allocate call (one count per container request). Pure.
+
+    Raises AllocateError naming the pod and the cause."""
+    ref = pod_ref(pod)
+    key = backend.to_allocate_key
+    value = _annotations(pod).get(key)
+    if value is None:
+        raise AllocateError(f"annotation {key} is missing", ref)
+    try:
+        entries = decode_pod_devices(value)
+    except ProtocolError as exc:
+        raise AllocateError(f"annotation {key}: {exc}", ref) from None
+    containers = _containers(pod)
+    meta = pod.get("metadata") or {}
+    plans: list[ContainerPlan] = []
+    for count in requested:
+        index = first_pending_entry(entries)
+        if index is None:
+            raise AllocateError(f"annotation {key} has no devices left to allocate", ref)
+        devices = entries[index]
+        if len(devices) != count:
+            raise AllocateError(
+                f"device count mismatch for container entry {index}: kubelet asked for "
+                f"{count}, the scheduler assigned {len(devices)} ({key})",
+                ref,
+            )
+        wrong = [d.vendor for d in devices if d.vendor != backend.vendor_word]
+        if wrong:
+            raise AllocateError(
+                f"annotation {key} entry {index} has vendor {wrong[0]!r}, "
+                f"expected {backend.vendor_word!r}",
+                ref,
+            )
+        if index >= len(containers):
+            raise AllocateError(
+                f"annotation {key} entry {index} has no matching container "
+                f"(the pod has {len(containers)})",
+                ref,
+            )
+        container = containers[index]
+        name = str(container.get("name", ""))
+        request = AllocationRequest(
+            pod_namespace=str(meta.get("namespace", "")),
+            pod_name=str(meta.get("name", "")),
+            pod_uid=str(meta.get("uid", "")),
+            container_name=name,
+            container_index=index,
+            devices=list(devices),
+            node_devices=list(node_devices),
+            container_env=_env(container),
+        )
+        try:
+            allocation = backend.allocate(request)
+        except BackendError as exc:
+            raise AllocateError(f"container {name}: {exc}", ref) from None
+        plans.append(ContainerPlan(index, name, list(devices), allocation))
+        entries[index] = []
+    done = first_pending_entry(entries) is None
+    annotations = {key: encode_pod_devices(entries)}
+    if done:
+        annotations[keys.BIND_PHASE] = BindPhase.SUCCESS.value
+    return AllocationPlan(ref, plans, annotations, done)
+
+
+def pending_uuids(pod: Pod, backend: Backend) -> list[str] | None:
+    """The devices of the pod's next container (what GetPreferredAllocation steers to)."""
+    value = _annotations(pod).get(backend.to_allocate_key)
+    if value is None:
+        return None
+    try:
+        entries = decode_pod_devices(value)
+    except ProtocolError:
+        return None
+    index = first_pending_entry(entries)
+    return None if index is None else [d.uuid for d in entries[index]]
+
+
+def preferred_replicas(
+    available: Sequence[str],
+    must_include: Sequence[str],
+    size: int,
+    wanted_uuids: Sequence[str] | None,
+    uuid_of: Callable[[str], str | None],
+) -> list[str]:
+    """Replica ids for kubelet: one replica of each device the scheduler chose, then (when
+    the choice is unknown or cannot be met) the must-include ids and the first available."""
+    chosen = [i for i in must_include if i in available][:size]
+    if wanted_uuids:
+        covered = {uuid_of(i) for i in chosen}
+        for uuid in wanted_uuids:
+            if len(chosen) >= size:
+                break
+            if uuid in covered:
+                continue
+            replica = next((i for i in available if i not in chosen and uuid_of(i) == uuid), None)
+            if replica is not None:
+                chosen.append(replica)
+                covered.add(uuid)
+    for replica in available:
+        if len(chosen) >= size:
+            break
+        if replica not in chosen:
+            chosen.append(replica)
+    return chosen
+
+
+# --------------------------------------------------------------------------- I/O
+
+
+@dataclass
+class KubeCalls:
+    """The Kubernetes calls the allocator needs (plain JSON), injectable for tests."""
+
+    get_node: Callable[[str], Awaitable[dict[str, Any]]]
+    get_pod: Callable[[str, str], Awaitable[dict[str, Any]]]
+    list_pods: Callable[[str], Awaitable[list[dict[str, Any]]]]  # field selector
+    patch_node: Callable[[str, Mapping[str, str | None], str | None], Awaitable[Any]]
+    patch_pod: Callable[[str, str, Mapping[str, str | None]], Awaitable[Any]]
+    is_not_found: Callable[[BaseException], bool] = field(default=lambda exc: False)
+    is_conflict: Callable[[BaseException], bool] = field(default=lambda exc: False)
+
+
+def kube_calls(api: Any) -> KubeCalls:
+    """KubeCalls over ``hami.kube.patch`` and an ApiClient."""
+    from hami.kube import patch
+    from hami.kube.raw import Conflict, NotFound
+
+    async def list_pods(selector: str) -> list[dict[str, Any]]:
+        return await patch.list_pods(api, field_selector=selector)
+
+    async def patch_node(name: str, annotations: Mapping[str, str | None], rv: str | None) -> Any:
+        return await patch.patch_node_annotations(api, name, annotations, rv)
+
+    async def patch_pod(ns: str, name: str, annotations: Mapping[str, str | None]) -> Any:
+        return await patch.patch_pod_annotations(api, ns, name, annotations)
+
+    return KubeCalls(
+        get_node=lambda name: patch.get_node(api, name),
+        get_pod=lambda ns, name: patch.get_pod(api, ns, name),
+        list_pods=list_pods,
+        patch_node=patch_node,
+        patch_pod=patch_pod,
+        is_not_found=lambda exc: isinstance(exc, NotFound),
+        is_conflict=lambda exc: isinstance(exc, Conflict),
+    )
+
+
+class Allocator:
+    """Allocate and GetPreferredAllocation for every backend of one node, serialised."""
+
+    def __init__(
+        self,
+        node: str,
+        kube: KubeCalls,
+        *,
+        lock_timeout: timedelta = DEFAULT_LOCK_TIMEOUT,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.node = node
+        self.kube = kube
+        self.lock = asyncio.Lock()
+        self.lock_timeout = lock_timeout
+        self.now = now
+        self.log = _log.bind(node=node)
+
+    async def _find(self, backend: Backend) -> tuple[Pod | None, Mapping[str, Any]]:
+        node = await self.kube.get_node(self.node)
+        lock = parse_lock(_annotations(node).get(keys.NODE_LOCK))
+        lock_pod: Pod | None = None
+        if lock is not None:
+            try:
+                lock_pod = await self.kube.get_pod(lock.namespace, lock.pod)
+            except Exception as exc:
+                if not self.kube.is_not_found(exc):
+                    raise
+        if lock_pod is not None and is_pending_for(lock_pod, self.node, backend.to_allocate_key):
+            return lock_pod, node
+        candidates = await self.kube.list_pods(f"spec.nodeName={self.node},status.phase=Pending")
+        return choose_pod(self.node, backend.to_allocate_key, lock_pod, candidates), node
+
+    async def preferred(self, backend: Backend) -> list[str] | None:
+        """The uuids the scheduler chose for the next container, None when unknown."""
+        async with self.lock:
+            try:
+                pod, _ = await self._find(backend)
+            except Exception as exc:
+                self.log.warning("preferred_allocation_lookup_failed", error=str(exc))
+                return None
+        return None if pod is None else pending_uuids(pod, backend)
+
+    async def allocate(
+        self, backend: Backend, requested: Sequence[int], node_devices: Sequence[Device]
+    ) -> AllocationPlan:
+        async with self.lock:
+            return await self._allocate(backend, requested, node_devices)
+
+    async def _allocate(
+        self, backend: Backend, requested: Sequence[int], node_devices: Sequence[Device]
+    ) -> AllocationPlan:
+        try:
+            pod, node = await self._find(backend)
+        except Exception as exc:
+            raise AllocateError(f"cannot read the node or its pods: {exc}") from None
+        if pod is None:
+            await self._release_stale_lock(node)
+            raise AllocateError(
+                f"no pending pod on node {self.node} with {keys.BIND_PHASE}=allocating and "
+                f"{backend.to_allocate_key} (was it scheduled by the HAMi scheduler?)"
+            )
+        ref = pod_ref(pod)
+        try:
+            plan = plan_allocation(pod, backend, requested, node_devices)
+            for container in plan.containers:
+                for path in container.allocation.host_dirs:
+                    await asyncio.to_thread(_make_dir, path)
+        except AllocateError as exc:
+            await self._fail(pod, exc.cause)
+            raise
+        except OSError as exc:
+            await self._fail(pod, f"cannot create host directory: {exc}")
+            raise AllocateError(f"cannot create host directory: {exc}", ref) from None
+        meta = pod.get("metadata") or {}
+        try:
+            await self.kube.patch_pod(meta["namespace"], meta["name"], plan.annotations)
+        except Exception as exc:
+            cause = f"cannot write {backend.to_allocate_key}: {exc}"
+            await self._fail(pod, cause)
+            raise AllocateError(cause, ref) from None
+        if plan.done:
+            await self._release_lock(ref)
+        self.log.info(
+            "allocated",
+            pod=ref,
+            backend=backend.type_word,
+            containers=[c.name for c in plan.containers],
+            done=plan.done,
+        )
+        return plan
+
+    async def _fail(self, pod: Pod, cause: str) -> None:
+        ref = pod_ref(pod)
+        self.log.warning("allocate_failed", pod=ref, cause=cause)
+        meta = pod.get("metadata") or {}
+        try:
+            await self.kube.patch_pod(
+                meta["namespace"], meta["name"], {keys.BIND_PHASE: BindPhase.FAILED.value}
+            )
+        except Exception as exc:
+            self.log.warning("bind_phase_failed_not_written", pod=ref, error=str(exc))
+        await self._release_lock(ref)
+
+    async def _release_lock(self, ref: str, attempts: int = 5) -> None:
+        """Remove the node lock if it names ``ref`` (guarded by resourceVersion)."""
+        for _ in range(attempts):
+            try:
+                node = await self.kube.get_node(self.node)
+                value = _annotations(node).get(keys.NODE_LOCK)
+                lock = parse_lock(value)
+                if value is None or (lock is not None and f"{lock.namespace}/{lock.pod}" != ref):
+                    return
+                rv = (node.get("metadata") or {}).get("resourceVersion")
+                await self.kube.patch_node(self.node, {keys.NODE_LOCK: None}, rv)
+                self.log.debug("node_lock_released", pod=ref)
+                return
+            except Exception as exc:
+                if self.kube.is_conflict(exc):
+                    continue
+                self.log.warning("node_lock_release_failed", pod=ref, error=str(exc))
+                return
+        self.log.warning("node_lock_release_failed", pod=ref, error="kept conflicting")
+
+    async def _release_stale_lock(self, node: Mapping[str, Any]) -> None:
+        """With no pending pod, a lock whose pod is gone (or malformed, or expired) is stale."""
+        value = _annotations(node).get(keys.NODE_LOCK)
+        if value is None:
+            return
+        lock = parse_lock(value)
+        stale = lock is None or lock.is_expired(self.now(), self.lock_timeout)
+        if lock is not None and not stale:
+            try:
+                await self.kube.get_pod(lock.namespace, lock.pod)
+            except Exception as exc:
+                stale = self.kube.is_not_found(exc)
+        if stale:
+            rv = (node.get("metadata") or {}).get("resourceVersion")
+            with contextlib.suppress(Exception):
+                await self.kube.patch_node(self.node, {keys.NODE_LOCK: None}, rv)
+                self.log.info("stale_node_lock_released", lock=value)
+
+
+def _make_dir(path: str) -> None:
+    os.makedirs(path, exist_ok=True)
+    os.chmod(path, 0o777)

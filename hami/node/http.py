@@ -1,0 +1,43 @@
+"""The node agent's small HTTP endpoint: ``/healthz`` and ``/metrics`` (aiohttp)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from hami.node.metrics import NodeMetrics
+
+
+def make_app(metrics: NodeMetrics, status: Callable[[], Mapping[str, Any]]) -> web.Application:
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", **status()})
+
+    async def metrics_view(request: web.Request) -> web.Response:
+        response = web.Response(body=metrics.render())
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics_view)
+    return app
+
+
+async def start(app: web.Application, address: str, port: int) -> tuple[web.AppRunner, int]:
+    """Serve ``app``; returns the runner (to clean up) and the bound port (for port 0)."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, address, port)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    bound = port
+    server: Any = site._server
+    if server is not None and server.sockets:
+        bound = int(server.sockets[0].getsockname()[1])
+    return runner, bound

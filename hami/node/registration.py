@@ -1,0 +1,114 @@
+"""The registration loop: one backend's register value and heartbeat on the Node (section 1).
+
+At start-up and then every period (or at once when a device's health changes) the loop
+re-enumerates the backend, then writes, in one merge patch,
+
+    hami.io/node-{type}-register: {devices}
+    hami.io/node-handshake-{type}: Reported_{now}
+
+The heartbeat is written every period even when nothing changed, so no cache of "what was
+last written" exists that a failed patch could leave wrong. A failed patch is retried with
+exponential back-off (1 s, 2 s, ... up to the period).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
+
+from hami import log
+from hami.backends.base import BackendError
+from hami.node.metrics import NodeMetrics
+from hami.node.state import DeviceState
+from hami.protocol import encode_node_devices, handshake
+
+PatchNode = Callable[[Mapping[str, str | None]], Awaitable[object]]
+
+_log = log.get(__name__)
+
+
+def registration_annotations(state: DeviceState, now: datetime) -> dict[str, str]:
+    backend = state.backend
+    return {
+        backend.register_key: encode_node_devices(backend.to_node_devices(state.devices)),
+        backend.handshake_key: handshake.reported(now),
+    }
+
+
+class Registrar:
+    def __init__(
+        self,
+        state: DeviceState,
+        patch: PatchNode,
+        *,
+        period: float,
+        metrics: NodeMetrics,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        min_backoff: float = 1.0,
+        node: str = "",
+    ) -> None:
+        self.state = state
+        self.patch = patch
+        self.period = period
+        self.metrics = metrics
+        self.now = now
+        self.min_backoff = min(min_backoff, period)
+        self.log = _log.bind(node=node, backend=state.name)
+        self.last_success: datetime | None = None
+        self.failures = 0  # consecutive
+
+    async def refresh(self) -> None:
+        """Re-enumerate; on failure keep the last known devices."""
+        try:
+            devices = await self.state.backend.enumerate()
+        except BackendError as exc:
+            self.log.warning("enumerate_failed", error=str(exc))
+            return
+        self.state.set_enumerated(devices)
+
+    async def write_once(self) -> bool:
+        annotations = registration_annotations(self.state, self.now())
+        self.metrics.set_devices(self.state.name, self.state.backend.type_word, self.state.devices)
+        try:
+            await self.patch(annotations)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.failures += 1
+            self.metrics.registration_failures.labels(self.state.name).inc()
+            # The first failure is a warning; repeats stay quiet until the patch works again.
+            method = self.log.warning if self.failures == 1 else self.log.debug
+            method("registration_failed", error=str(exc), failures=self.failures)
+            return False
+        self.metrics.registration_patches.labels(self.state.name).inc()
+        if self.failures:
+            self.log.info("registration_recovered", after_failures=self.failures)
+        elif self.last_success is None:
+            self.log.info(
+                "registered",
+                devices=len(self.state.devices),
+                healthy=sum(1 for d in self.state.devices if d.healthy),
+            )
+        else:
+            self.log.debug("heartbeat", value=annotations[self.state.backend.handshake_key])
+        self.failures = 0
+        self.last_success = self.now()
+        return True
+
+    async def run(self) -> None:
+        backoff = self.min_backoff
+        while True:
+            await self.refresh()
+            self.state.wake.clear()  # this write covers every change seen so far
+            if await self.write_once():
+                delay = self.period
+                backoff = self.min_backoff
+            else:
+                delay = backoff
+                backoff = min(backoff * 2, self.period)
+            try:
+                async with asyncio.timeout(delay):
+                    await self.state.wake.wait()
+            except TimeoutError:
+                pass

@@ -1,0 +1,435 @@
+"""Node role without a cluster: allocation decisions, the registration loop, the gRPC plugin
+against an in-memory API server and a minimal kubelet Registration service."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import AsyncIterator, Iterator, Mapping
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from grpclib.client import Channel
+from grpclib.exceptions import GRPCError
+from grpclib.server import Server, Stream
+
+from hami._proto.v1beta1 import api_grpc, api_pb2
+from hami.backends.base import BackendSettings, Device, HealthCallback
+from hami.backends.fake import FakeBackend
+from hami.config import Config
+from hami.node import NodeAgent
+from hami.node.allocate import (
+    AllocateError,
+    KubeCalls,
+    choose_pod,
+    plan_allocation,
+    preferred_replicas,
+)
+from hami.node.metrics import NodeMetrics
+from hami.node.registration import Registrar
+from hami.node.state import DeviceState
+from hami.protocol import keys
+
+NODE = "node-u"
+TO_ALLOC = "hami.io/vgpu-devices-to-allocate"
+ALLOCATED = "hami.io/vgpu-devices-allocated"
+
+
+def fake_backend(tmp: Path, count: int = 2, split: int = 4) -> FakeBackend:
+    return FakeBackend(
+        BackendSettings(
+            split_count=split,
+            options={
+                "devices": [{"count": count, "model": "NVIDIA-Test", "memory": 16384}],
+                "uuid_prefix": "GPU-u",
+                "hamicore": {"containers_dir": str(tmp / "containers")},
+            },
+        )
+    )
+
+
+def pod(
+    name: str,
+    value: str,
+    *,
+    containers: int = 1,
+    init: int = 0,
+    bind_time: str = "100",
+    phase: str = "allocating",
+    node: str = NODE,
+    env: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "namespace": "ns",
+            "name": name,
+            "uid": f"uid-{name}",
+            "annotations": {
+                keys.BIND_PHASE: phase,
+                keys.VGPU_NODE: node,
+                keys.BIND_TIME: bind_time,
+                TO_ALLOC: value,
+                ALLOCATED: value,
+            },
+        },
+        "spec": {
+            "nodeName": node,
+            "initContainers": [{"name": f"init{i}"} for i in range(init)],
+            "containers": [{"name": f"c{i}", "env": env or []} for i in range(containers)],
+        },
+        "status": {"phase": "Pending"},
+    }
+
+
+# --------------------------------------------------------------------------- pure decisions
+
+
+def test_choose_pod_prefers_lock_then_oldest_bind_time() -> None:
+    a, b = pod("a", "GPU-u-0,NVIDIA,1,0:;", bind_time="200"), pod("b", "x", bind_time="100")
+    c = pod("c", "x", phase="success", bind_time="1")
+    assert choose_pod(NODE, TO_ALLOC, None, [a, b, c]) is b
+    assert choose_pod(NODE, TO_ALLOC, a, [a, b, c]) is a
+    assert choose_pod(NODE, TO_ALLOC, c, [c]) is None
+    assert choose_pod(NODE, TO_ALLOC, None, [pod("d", "x", node="other")]) is None
+
+
+def test_plan_two_containers_then_done(tmp_path: Path) -> None:
+    backend = fake_backend(tmp_path)
+    value = "GPU-u-0,NVIDIA,3000,0:;GPU-u-0,NVIDIA,5000,0:;"
+    p = pod("p", value, containers=2)
+    first = plan_allocation(p, backend, [1], [])
+    assert first.annotations == {TO_ALLOC: ";GPU-u-0,NVIDIA,5000,0:;"} and not first.done
+    assert first.containers[0].name == "c0"
+    assert first.containers[0].allocation.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
+    p["metadata"]["annotations"][TO_ALLOC] = first.annotations[TO_ALLOC]
+    second = plan_allocation(p, backend, [1], [])
+    assert second.done and second.containers[0].name == "c1"
+    assert second.annotations == {TO_ALLOC: ";;", keys.BIND_PHASE: "success"}
+
+
+def test_plan_errors_name_the_pod_and_cause(tmp_path: Path) -> None:
+    backend = fake_backend(tmp_path)
+    with pytest.raises(AllocateError, match=r"ns/p.*count mismatch.*asked for 2.*assigned 1"):
+        plan_allocation(pod("p", "GPU-u-0,NVIDIA,1,0:;"), backend, [2], [])
+    with pytest.raises(AllocateError, match=r"ns/p.*invalid pod devices value"):
+        plan_allocation(pod("p", "GPU-u-0,NVIDIA,many,0:;"), backend, [1], [])
+    with pytest.raises(AllocateError, match=r"no devices left"):
+        plan_allocation(pod("p", ";"), backend, [1], [])
+    with pytest.raises(AllocateError, match=r"no matching container"):
+        plan_allocation(pod("p", ";GPU-u-0,NVIDIA,1,0:;"), backend, [1], [])
+
+
+def test_preferred_replicas_steer_to_chosen_devices() -> None:
+    def uuid_of(replica: str) -> str | None:
+        return replica.rpartition("-")[0]
+
+    available = ["GPU-a-0", "GPU-a-1", "GPU-b-0", "GPU-b-1", "GPU-c-0"]
+    assert preferred_replicas(available, [], 2, ["GPU-c", "GPU-b"], uuid_of) == [
+        "GPU-c-0",
+        "GPU-b-0",
+    ]
+    assert preferred_replicas(available, ["GPU-a-1"], 1, ["GPU-c"], uuid_of) == ["GPU-a-1"]
+    assert preferred_replicas(available, [], 2, None, uuid_of) == ["GPU-a-0", "GPU-a-1"]
+    assert preferred_replicas(available, [], 2, ["GPU-zz"], uuid_of) == ["GPU-a-0", "GPU-a-1"]
+
+
+# --------------------------------------------------------------------------- registration loop
+
+
+class HealthyFake(FakeBackend):
+    """A fake backend whose health changes arrive as events, like NVML's."""
+
+    def __init__(self, settings: BackendSettings) -> None:
+        super().__init__(settings)
+        self.callback: HealthCallback | None = None
+
+    async def watch_health(self, devices: Any, on_change: HealthCallback) -> None:
+        self.callback = on_change
+        await asyncio.Event().wait()
+
+
+def counting_clock() -> Any:
+    start = datetime(2024, 1, 23, 4, 30, 0, tzinfo=UTC)
+    ticks = iter(range(10**6))
+    return lambda: start + timedelta(seconds=next(ticks))
+
+
+async def test_registrar_writes_at_once_retries_and_reacts_to_health(tmp_path: Path) -> None:
+    backend = fake_backend(tmp_path)
+    state = DeviceState("fake", backend)
+    state.bind_loop()
+    state.set_enumerated(await backend.enumerate())
+    writes: list[dict[str, str | None]] = []
+    fail = {"n": 2}
+
+    async def patch(annotations: Mapping[str, str | None]) -> None:
+        if fail["n"]:
+            fail["n"] -= 1
+            raise ConnectionError("apiserver down")
+        writes.append(dict(annotations))
+
+    registrar = Registrar(
+        state, patch, period=30, metrics=NodeMetrics(), now=counting_clock(), min_backoff=0.05
+    )
+    task = asyncio.create_task(registrar.run())
+    try:
+        async with asyncio.timeout(5):
+            while not writes:
+                await asyncio.sleep(0.01)
+        assert writes[0] == {
+            "hami.io/node-nvidia-register": "GPU-u-0,4,16384,100,NVIDIA-Test,0,true:"
+            "GPU-u-1,4,16384,100,NVIDIA-Test,0,true:",
+            "hami.io/node-handshake-nvidia": "Reported_2024-01-23 04:30:02",
+        }
+        assert registrar.failures == 0
+        # A health change is written at once, not after the 30 s period.
+        state.on_health("GPU-u-1", False)
+        async with asyncio.timeout(5):
+            while len(writes) < 2:
+                await asyncio.sleep(0.01)
+        assert "GPU-u-1,4,16384,100,NVIDIA-Test,0,false:" in str(
+            writes[1]["hami.io/node-nvidia-register"]
+        )
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+# --------------------------------------------------------------------------- plugin over gRPC
+
+
+class MemoryKube:
+    """An in-memory API server for nodes and pods (merge patches on annotations)."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, dict[str, Any]] = {NODE: {"metadata": {"name": NODE}}}
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.rv = 1
+        self.down = False
+
+    def _check(self) -> None:
+        if self.down:
+            raise ConnectionError("apiserver unreachable")
+
+    def calls(self) -> KubeCalls:
+        async def get_node(name: str) -> dict[str, Any]:
+            self._check()
+            node = self.nodes[name]
+            node["metadata"]["resourceVersion"] = str(self.rv)
+            return node
+
+        async def get_pod(ns: str, name: str) -> dict[str, Any]:
+            self._check()
+            if (ns, name) not in self.pods:
+                raise KeyError("not found")
+            return self.pods[(ns, name)]
+
+        async def list_pods(selector: str) -> list[dict[str, Any]]:
+            self._check()
+            return [p for p in self.pods.values() if p["spec"]["nodeName"] == NODE]
+
+        async def patch_node(
+            name: str, annotations: Mapping[str, str | None], rv: str | None
+        ) -> Any:
+            self._check()
+            self._merge(self.nodes[name], annotations)
+
+        async def patch_pod(ns: str, name: str, annotations: Mapping[str, str | None]) -> Any:
+            self._check()
+            self._merge(self.pods[(ns, name)], annotations)
+
+        return KubeCalls(
+            get_node,
+            get_pod,
+            list_pods,
+            patch_node,
+            patch_pod,
+            is_not_found=lambda exc: isinstance(exc, KeyError),
+        )
+
+    def _merge(self, obj: dict[str, Any], annotations: Mapping[str, str | None]) -> None:
+        self.rv += 1
+        current = obj["metadata"].setdefault("annotations", {})
+        for key, value in annotations.items():
+            if value is None:
+                current.pop(key, None)
+            else:
+                current[key] = value
+
+    def add(self, p: dict[str, Any]) -> None:
+        self.pods[(p["metadata"]["namespace"], p["metadata"]["name"])] = p
+
+    def annotations(self, name: str) -> dict[str, str]:
+        result: dict[str, str] = self.pods[("ns", name)]["metadata"]["annotations"]
+        return result
+
+
+class MiniKubelet(api_grpc.RegistrationBase):
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.requests: list[api_pb2.RegisterRequest] = []
+        self.server: Server | None = None
+
+    async def Register(self, stream: Stream[api_pb2.RegisterRequest, api_pb2.Empty]) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        self.requests.append(request)
+        await stream.send_message(api_pb2.Empty())
+
+    async def start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.directory / "kubelet.sock").unlink()
+        self.server = Server([self])
+        await self.server.start(path=str(self.directory / "kubelet.sock"))
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+        with contextlib.suppress(FileNotFoundError):
+            (self.directory / "kubelet.sock").unlink()
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="hn-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def wait_until(predicate: Any, timeout: float = 10.0) -> None:  # noqa: ASYNC109
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def running_agent(
+    short_dir: Path, kube: MemoryKube, backend: FakeBackend
+) -> AsyncIterator[NodeAgent]:
+    agent = NodeAgent(
+        Config(),
+        node_name=NODE,
+        kube=kube.calls(),
+        backends={"fake": backend},
+        register_period=0.2,
+        device_plugin_dir=str(short_dir),
+        http_port=0,
+        http_address="127.0.0.1",
+        kubelet_poll=0.05,
+        min_backoff=0.05,
+    )
+    task = asyncio.create_task(agent.run())
+    try:
+        await agent.wait_ready(10)
+        yield agent
+    finally:
+        await agent.stop()
+        await task
+
+
+async def test_plugin_allocate_health_and_reregistration(short_dir: Path) -> None:
+    kube = MemoryKube()
+    kubelet = MiniKubelet(short_dir)
+    await kubelet.start()
+    backend = HealthyFake(fake_backend(short_dir).settings)
+    try:
+        async with running_agent(short_dir, kube, backend) as agent:
+            await wait_until(lambda: len(kubelet.requests) == 1)
+            request = kubelet.requests[0]
+            assert (request.version, request.endpoint, request.resource_name) == (
+                "v1beta1",
+                "hami-nvidia.sock",
+                "nvidia.com/gpu",
+            )
+            assert request.options.get_preferred_allocation_available
+            await wait_until(
+                lambda: (
+                    "hami.io/node-nvidia-register"
+                    in kube.nodes[NODE]["metadata"].get("annotations", {})
+                )
+            )
+            channel = Channel(path=str(short_dir / "hami-nvidia.sock"))
+            stub = api_grpc.DevicePluginStub(channel)
+            try:
+                options = await stub.GetDevicePluginOptions(api_pb2.Empty())
+                assert options.get_preferred_allocation_available
+                async with stub.ListAndWatch.open() as lw:
+                    await lw.send_message(api_pb2.Empty(), end=True)
+                    first = await lw.recv_message()
+                    assert first is not None
+                    assert [d.ID for d in first.devices][:5] == [
+                        "GPU-u-0-0",
+                        "GPU-u-0-1",
+                        "GPU-u-0-2",
+                        "GPU-u-0-3",
+                        "GPU-u-1-0",
+                    ]
+                    assert {d.health for d in first.devices} == {"Healthy"}
+                    await wait_until(lambda: backend.callback is not None)
+                    assert backend.callback is not None
+                    backend.callback("GPU-u-1", False)
+                    second = await lw.recv_message()
+                    assert second is not None
+                    health = {d.ID: d.health for d in second.devices}
+                    assert health["GPU-u-1-2"] == "Unhealthy" and health["GPU-u-0-2"] == "Healthy"
+                    await lw.cancel()
+                # No pending pod: a clear error, and the plugin keeps serving.
+                with pytest.raises(GRPCError, match="no pending pod"):
+                    await stub.Allocate(
+                        api_pb2.AllocateRequest(
+                            container_requests=[
+                                api_pb2.ContainerAllocateRequest(devices_ids=["GPU-u-0-0"])
+                            ]
+                        )
+                    )
+                kube.add(pod("p", "GPU-u-1,NVIDIA,3000,50:;"))
+                kube._merge(kube.nodes[NODE], {keys.NODE_LOCK: "2024-01-01T00:00:00Z,ns,p"})
+                preferred = await stub.GetPreferredAllocation(
+                    api_pb2.PreferredAllocationRequest(
+                        container_requests=[
+                            api_pb2.ContainerPreferredAllocationRequest(
+                                available_deviceIDs=["GPU-u-0-0", "GPU-u-1-3"], allocation_size=1
+                            )
+                        ]
+                    )
+                )
+                assert list(preferred.container_responses[0].deviceIDs) == ["GPU-u-1-3"]
+                answer = await stub.Allocate(
+                    api_pb2.AllocateRequest(
+                        container_requests=[
+                            api_pb2.ContainerAllocateRequest(devices_ids=["GPU-u-1-3"])
+                        ]
+                    )
+                )
+                envs = dict(answer.container_responses[0].envs)
+                assert envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-u-1"
+                assert envs["CUDA_DEVICE_SM_LIMIT"] == "50"
+                host_dir = short_dir / "containers" / "uid-p_c0"
+                assert stat.S_IMODE(os.stat(host_dir).st_mode) == 0o777
+                assert kube.annotations("p")[TO_ALLOC] == ";"
+                assert kube.annotations("p")[keys.BIND_PHASE] == "success"
+                assert keys.NODE_LOCK not in kube.nodes[NODE]["metadata"]["annotations"]
+                assert await stub.PreStartContainer(api_pb2.PreStartContainerRequest()) is not None
+            finally:
+                channel.close()
+
+            # kubelet restarts: a new kubelet.sock -> registered again within seconds.
+            await kubelet.stop()
+            await kubelet.start()
+            await wait_until(lambda: len(kubelet.requests) == 2)
+            # kubelet wiped the directory: the plugin serves a new socket and registers.
+            (short_dir / "hami-nvidia.sock").unlink()
+            await wait_until(lambda: len(kubelet.requests) == 3)
+            assert (short_dir / "hami-nvidia.sock").exists()
+            assert agent.metrics.render().count(b"hami_node_allocate_calls_total") >= 1
+    finally:
+        await kubelet.stop()
+    assert not (short_dir / "hami-nvidia.sock").exists()
