@@ -1,0 +1,535 @@
+"""The scheduler's picture of the cluster: devices per node, usage per device, decisions.
+
+Pure and synchronous: the scheduler role feeds it Node and Pod objects (plain JSON) from
+its watches and passes the time in; nothing here reads a clock or does I/O.
+
+Usage is kept incrementally. Each pod that holds devices has one record (node, and per
+device uuid what it holds); adding, changing or removing a record adjusts the node's
+per-uuid totals, the device counters and the node's summaries, so a decision never scans
+pods. A node's *summary* per device type (free devices, idle devices, largest free memory,
+largest free cores) rules a node out in a few comparisons; nodes are kept in two sorted
+lists by current utilisation (one per node policy), so a decision walks nodes in policy
+order and stops after the first few that fit (see ``decide``).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from hami.core.fit import BINPACK, NodeFit, NodeMiss, TypeView, fit_pod
+from hami.core.requests import DeviceKind, DeviceRequest, PodRequest
+from hami.core.usage import DeviceState, Use, pod_usage
+from hami.protocol import ProtocolError, decode_node_devices, decode_pod_devices, handshake, keys
+
+FINISHED_PHASES = ("Succeeded", "Failed")
+DEFAULT_WINDOW = 4
+
+
+@dataclass(slots=True, eq=False)
+class TypeState:
+    """One device type on one node."""
+
+    kind: DeviceKind
+    register_value: str | None = None
+    handshake_value: str | None = None
+    devices: list[DeviceState] = field(default_factory=list)
+    error: str | None = None  # the register value does not parse
+    available: bool = False
+    reason: str | None = handshake.NODE_UNREGISTERED  # why unavailable
+    view: TypeView = field(default_factory=lambda: TypeView(()))
+    # summary, recomputed when usage or devices change
+    free_devices: int = 0
+    idle_devices: int = 0
+    max_free_memory: int = 0
+    max_free_cores: int = 0
+
+    def summarise(self) -> None:
+        free = idle = max_memory = max_cores = 0
+        for device in self.devices:
+            if not device.healthy or device.used >= device.count or device.exclusive_held:
+                continue
+            free += 1
+            if device.used == 0:
+                idle += 1
+            memory = device.total_memory - device.used_memory
+            if memory > max_memory:
+                max_memory = memory
+            cores = device.total_cores - device.used_cores if device.total_cores else 100
+            if cores > max_cores:
+                max_cores = cores
+        self.free_devices, self.idle_devices = free, idle
+        self.max_free_memory, self.max_free_cores = max_memory, max_cores
+
+    def refresh_view(self) -> None:
+        unavailable = None if self.available else (self.reason or "unavailable")
+        self.view = TypeView(self.devices, unavailable)
+
+
+@dataclass(slots=True, eq=False)
+class NodeState:
+    name: str
+    resource_version: str = ""
+    lock: str | None = None  # hami.io/mutex.lock as last seen
+    types: dict[str, TypeState] = field(default_factory=dict)
+    views: dict[str, TypeView] = field(default_factory=dict)
+    usage: dict[str, Use] = field(default_factory=dict)  # uuid -> held by all pods
+    devices: dict[str, DeviceState] = field(default_factory=dict)  # uuid -> device
+    exists: bool = True  # False: only pods name it (the Node is not known)
+    utilisation: float = 0.0  # mean device utilisation, for the policy order
+    order_key: float | None = None  # the utilisation it is indexed under, None: not indexed
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    key: str  # namespace/name
+    uid: str
+    node: str
+    usage: Mapping[str, Use]  # uuid -> hold
+    bound: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HandshakeWrite:
+    node: str
+    resource_version: str
+    annotations: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class AvailabilityChange:
+    node: str
+    type_word: str
+    available: bool
+    reason: str | None
+
+
+@dataclass(slots=True)
+class Decision:
+    node: str | None
+    fit: NodeFit | None = None
+    score: float = 0.0
+    failed: dict[str, str] = field(default_factory=dict)  # node -> reason (when no fit)
+    evaluated: int = 0  # nodes fitted in detail
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRow:
+    """One device for metrics and explain."""
+
+    node: str
+    type_word: str
+    device: DeviceState
+    available: bool
+
+
+def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    meta = obj.get("metadata") or {}
+    found: Mapping[str, str] = meta.get("annotations") or {}
+    return found
+
+
+def pod_key(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+
+
+class Cluster:
+    def __init__(
+        self,
+        kinds: Sequence[DeviceKind],
+        *,
+        handshake_timeout: timedelta = timedelta(seconds=60),
+        node_policy: str = BINPACK,
+        device_policy: str = "spread",
+    ) -> None:
+        self.kinds = {kind.type_word: kind for kind in kinds}
+        self.handshake_timeout = handshake_timeout
+        self.node_policy = node_policy
+        self.device_policy = device_policy
+        self.nodes: dict[str, NodeState] = {}
+        self.pods: dict[str, PodRecord] = {}
+        self.pinned: set[str] = set()  # pods whose reservation a watch event must not undo
+        self._asc: list[tuple[float, str]] = []  # (utilisation, name): spread order
+        self._desc: list[tuple[float, str]] = []  # (-utilisation, name): binpack order
+
+    # ------------------------------------------------------------------ nodes
+
+    def upsert_node(
+        self, obj: Mapping[str, Any], now: datetime
+    ) -> tuple[list[str], list[AvailabilityChange]]:
+        """Take a Node's annotations. Returns (new register errors, availability changes)."""
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        annotations = _annotations(obj)
+        node = self.nodes.get(name)
+        if node is None:
+            node = self.nodes[name] = NodeState(name)
+        node.exists = True
+        node.resource_version = str(meta.get("resourceVersion") or "")
+        node.lock = annotations.get(keys.NODE_LOCK)
+        errors: list[str] = []
+        devices_changed = False
+        for word, kind in self.kinds.items():
+            register = annotations.get(keys.node_register(word))
+            shake = annotations.get(keys.node_handshake(word))
+            state = node.types.get(word)
+            if state is None:
+                if register is None and shake is None:
+                    continue
+                state = node.types[word] = TypeState(kind)
+            state.handshake_value = shake
+            if register != state.register_value:
+                state.register_value = register
+                error = self._load_register(node, state)
+                devices_changed = True
+                if error:
+                    errors.append(error)
+        changes = self._decide_availability(node, now, write=False)[1]
+        if devices_changed or changes:
+            self._node_changed(node)
+        return errors, changes
+
+    def _load_register(self, node: NodeState, state: TypeState) -> str | None:
+        for device in state.devices:
+            node.devices.pop(device.uuid, None)
+        state.devices = []
+        state.error = None
+        if state.register_value is not None:
+            try:
+                decoded = decode_node_devices(state.register_value)
+            except ProtocolError as exc:
+                state.error = str(exc)
+            else:
+                state.devices = [DeviceState.from_node_device(d) for d in decoded]
+                state.devices.sort(key=lambda d: d.index)
+        for device in state.devices:
+            node.devices[device.uuid] = device
+            device.set_use(node.usage.get(device.uuid))
+        state.summarise()
+        return state.error
+
+    def delete_node(self, name: str) -> None:
+        node = self.nodes.get(name)
+        if node is None:
+            return
+        self._unindex(node)
+        if any(record.node == name for record in self.pods.values()):
+            # Pods still name it: keep their usage, forget the devices.
+            node.exists = False
+            node.types.clear()
+            node.views.clear()
+            node.devices.clear()
+            node.resource_version = ""
+            node.lock = None
+        else:
+            del self.nodes[name]
+
+    def refresh(self, now: datetime) -> tuple[list[HandshakeWrite], list[AvailabilityChange]]:
+        """The handshake pass: availability of every node and type, and what to write."""
+        writes: list[HandshakeWrite] = []
+        changes: list[AvailabilityChange] = []
+        for node in self.nodes.values():
+            if not node.exists:
+                continue
+            annotations, node_changes = self._decide_availability(node, now, write=True)
+            if annotations:
+                writes.append(HandshakeWrite(node.name, node.resource_version, annotations))
+            if node_changes:
+                changes.extend(node_changes)
+                self._node_changed(node)
+        return writes, changes
+
+    def _decide_availability(
+        self, node: NodeState, now: datetime, *, write: bool
+    ) -> tuple[dict[str, str], list[AvailabilityChange]]:
+        writes: dict[str, str] = {}
+        changes: list[AvailabilityChange] = []
+        for word, state in node.types.items():
+            decision = handshake.decide(
+                state.handshake_value,
+                has_register=state.register_value is not None,
+                now=now,
+                timeout=self.handshake_timeout,
+            )
+            available, reason = decision.available, decision.reason
+            if available and state.error is not None:
+                available, reason = False, state.error
+            if decision.write is not None and write:
+                writes[keys.node_handshake(word)] = decision.write
+            if available != state.available or reason != state.reason:
+                if available != state.available:
+                    changes.append(AvailabilityChange(node.name, word, available, reason))
+                state.available, state.reason = available, reason
+                state.refresh_view()
+                node.views[word] = state.view
+            elif node.views.get(word) is not state.view:
+                state.refresh_view()
+                node.views[word] = state.view
+        return writes, changes
+
+    def _node_changed(self, node: NodeState) -> None:
+        for word, state in node.types.items():
+            state.summarise()
+            state.refresh_view()
+            node.views[word] = state.view
+        total = 0.0
+        count = 0
+        for state in node.types.values():
+            for device in state.devices:
+                total += device.utilisation()
+                count += 1
+        node.utilisation = total / count if count else 0.0
+        self._reindex(node)
+
+    def _reindex(self, node: NodeState) -> None:
+        schedulable = node.exists and any(
+            state.available and state.free_devices for state in node.types.values()
+        )
+        key = node.utilisation if schedulable else None
+        if key == node.order_key:
+            return
+        self._unindex(node)
+        if key is not None:
+            bisect.insort(self._asc, (key, node.name))
+            bisect.insort(self._desc, (-key, node.name))
+            node.order_key = key
+
+    def _unindex(self, node: NodeState) -> None:
+        if node.order_key is None:
+            return
+        for items, entry in (
+            (self._asc, (node.order_key, node.name)),
+            (self._desc, (-node.order_key, node.name)),
+        ):
+            position = bisect.bisect_left(items, entry)
+            if position < len(items) and items[position] == entry:
+                del items[position]
+        node.order_key = None
+
+    # ------------------------------------------------------------------ pods
+
+    def pod_record(self, obj: Mapping[str, Any]) -> tuple[PodRecord | None, list[str]]:
+        """What a pod holds according to its annotations, and any decode errors."""
+        meta = obj.get("metadata") or {}
+        annotations = _annotations(obj)
+        node = annotations.get(keys.VGPU_NODE)
+        status = obj.get("status") or {}
+        spec = obj.get("spec") or {}
+        if not node or status.get("phase") in FINISHED_PHASES:
+            return None, []
+        bound = bool(spec.get("nodeName"))
+        if annotations.get(keys.BIND_PHASE) == keys.BindPhase.FAILED and not bound:
+            return None, []  # a decision whose bind failed: nothing was started
+        init_count = len(spec.get("initContainers") or [])
+        usage: dict[str, Use] = {}
+        errors: list[str] = []
+        for kind in self.kinds.values():
+            value = annotations.get(kind.allocated_key)
+            if not value:
+                continue
+            try:
+                containers = decode_pod_devices(value)
+            except ProtocolError as exc:
+                errors.append(f"{kind.allocated_key}: {exc}")
+                continue
+            for uuid, use in pod_usage(containers, init_count).items():
+                usage.setdefault(uuid, Use()).add(use)
+        if not usage:
+            return None, errors
+        record = PodRecord(pod_key(obj), str(meta.get("uid") or ""), node, usage, bound)
+        return record, errors
+
+    def upsert_pod(self, obj: Mapping[str, Any]) -> list[str]:
+        """Take a Pod's state; returns decode errors of its device annotations."""
+        key = pod_key(obj)
+        if key in self.pinned:
+            return []
+        record, errors = self.pod_record(obj)
+        self._set_record(key, record)
+        return errors
+
+    def delete_pod(self, key: str) -> None:
+        self._set_record(key, None)
+
+    def _set_record(self, key: str, record: PodRecord | None) -> None:
+        old = self.pods.get(key)
+        if (
+            old is not None
+            and record is not None
+            and old.node == record.node
+            and old.usage == record.usage
+        ):
+            if old != record:
+                self.pods[key] = record
+            return
+        if old is not None:
+            del self.pods[key]
+            self._apply(old, -1)
+        if record is not None:
+            self.pods[key] = record
+            self._apply(record, 1)
+
+    def _apply(self, record: PodRecord, sign: int) -> None:
+        node = self.nodes.get(record.node)
+        if node is None:
+            node = self.nodes[record.node] = NodeState(record.node, exists=False)
+        for uuid, use in record.usage.items():
+            total = node.usage.setdefault(uuid, Use())
+            total.add(use, sign)
+            if total.is_zero():
+                del node.usage[uuid]
+                total = Use()
+            device = node.devices.get(uuid)
+            if device is not None:
+                device.set_use(total)
+        if not node.exists and not node.usage:
+            self._unindex(node)
+            del self.nodes[record.node]
+            return
+        self._node_changed(node)
+
+    # ------------------------------------------------------------------ decisions
+
+    def reserve(self, key: str, uid: str, node: str, fit: NodeFit) -> PodRecord | None:
+        """Hold ``fit`` for the pod at once; returns the record it replaced."""
+        previous = self.pods.get(key)
+        self._set_record(key, PodRecord(key, uid, node, fit.usage))
+        return previous
+
+    def rollback(self, key: str, previous: PodRecord | None) -> None:
+        """Undo ``reserve``: the pod holds what it held before."""
+        self._set_record(key, previous)
+
+    def release(self, key: str) -> None:
+        self._set_record(key, None)
+
+    def decide(
+        self,
+        request: PodRequest,
+        candidates: Collection[str] | None = None,
+        *,
+        window: int = DEFAULT_WINDOW,
+    ) -> Decision:
+        """Choose a node and devices for ``request`` among ``candidates`` (None: all).
+
+        Nodes are visited in node-policy order of their current utilisation (binpack: most
+        used first, spread: least used first; ties by name); each is ruled out by its
+        summary or fitted in detail. The first ``window`` nodes that fit are scored with
+        the pod's own request added, and the best of them wins (ties by name). When none
+        fits, every candidate gets its reason.
+        """
+        node_policy = request.node_policy or self.node_policy
+        device_policy = request.device_policy or self.device_policy
+        needs = _needs(request)
+        binpack = node_policy == BINPACK
+        found: list[tuple[float, str, NodeFit]] = []
+        evaluated = 0
+        for name in self._ordered(candidates, binpack):
+            node = self.nodes[name]
+            if not _may_fit(node, needs):
+                continue
+            evaluated += 1
+            result = fit_pod(node.views, request, device_policy)
+            if isinstance(result, NodeFit):
+                count = len(node.devices) or 1
+                score = node.utilisation + result.utilisation_delta / count
+                found.append((-score if binpack else score, name, result))
+                if len(found) >= window:
+                    break
+        if found:
+            key, name, fit = min(found, key=lambda item: (item[0], item[1]))
+            return Decision(name, fit, -key if binpack else key, evaluated=evaluated)
+        names = self.nodes.keys() if candidates is None else candidates
+        return Decision(None, failed=self.explain(request, names), evaluated=evaluated)
+
+    def _ordered(self, candidates: Collection[str] | None, binpack: bool) -> Iterator[str]:
+        index = self._desc if binpack else self._asc
+        if candidates is None:
+            for _key, name in index:
+                yield name
+            return
+        if len(candidates) * 8 < len(index):
+            keyed: list[tuple[float, str]] = []
+            for name in candidates:
+                node = self.nodes.get(name)
+                if node is not None and node.order_key is not None:
+                    keyed.append((-node.order_key if binpack else node.order_key, name))
+            keyed.sort()
+            for _key, name in keyed:
+                yield name
+            return
+        wanted = candidates if isinstance(candidates, set | frozenset) else set(candidates)
+        for _key, name in index:
+            if name in wanted:
+                yield name
+
+    def explain(self, request: PodRequest, names: Iterable[str]) -> dict[str, str]:
+        """Every node's reason for not taking the pod ("" when it would fit)."""
+        device_policy = request.device_policy or self.device_policy
+        reasons: dict[str, str] = {}
+        for name in names:
+            node = self.nodes.get(name)
+            if node is None or not node.exists:
+                reasons[name] = handshake.NODE_UNREGISTERED
+                continue
+            result = fit_pod(node.views, request, device_policy, explain=True)
+            reasons[name] = result.reason if isinstance(result, NodeMiss) else ""
+        return reasons
+
+    # ------------------------------------------------------------------ views
+
+    def rows(self) -> Iterator[DeviceRow]:
+        for node in self.nodes.values():
+            for word, state in node.types.items():
+                for device in state.devices:
+                    yield DeviceRow(node.name, word, device, state.available)
+
+    def availability(self) -> Iterator[tuple[str, str, bool]]:
+        for node in self.nodes.values():
+            for word, state in node.types.items():
+                yield node.name, word, state.available
+
+    def usage_snapshot(self) -> dict[str, dict[str, tuple[int, int, int]]]:
+        """node -> uuid -> (slots, memory, cores): for comparisons in tests and tools."""
+        return {
+            name: {uuid: (u.slots, u.memory, u.cores) for uuid, u in sorted(node.usage.items())}
+            for name, node in sorted(self.nodes.items())
+            if node.usage
+        }
+
+
+Need = tuple[str, int, int, int, bool]  # type, count, memory (0: relative), cores, exclusive
+
+
+def _needs(request: PodRequest) -> tuple[Need, ...]:
+    seen: dict[Need, None] = {}
+    for container in request.containers:
+        for item in container:
+            seen.setdefault(_need(item), None)
+    return tuple(seen)
+
+
+def _need(item: DeviceRequest) -> Need:
+    memory = item.memory if item.memory_percentage is None else 0
+    return (item.type_word, item.count, memory, item.cores, item.cores >= 100)
+
+
+def _may_fit(node: NodeState, needs: tuple[Need, ...]) -> bool:
+    """A fast test that is False only when the node certainly cannot fit."""
+    types = node.types
+    for word, count, memory, cores, exclusive in needs:
+        state = types.get(word)
+        if (
+            state is None
+            or not state.available
+            or state.free_devices < count
+            or state.max_free_memory < memory
+            or state.max_free_cores < cores
+            or (exclusive and state.idle_devices < count)
+        ):
+            return False
+    return True

@@ -1,0 +1,327 @@
+"""What a pod asks for: per container and device type, parsed from its resource limits.
+
+Pure. The rules (protocol.md section 3):
+
+- ``count`` devices per container; memory, percentage or cores without a count mean one;
+- memory in the backend's unit (``memory_unit_mib``: Cambricon counts 256 MiB units);
+- no memory and no percentage means 100 % of each device's memory;
+- absent cores take the backend's ``default_cores`` (0 for NVIDIA: no core share asked;
+  100 for Cambricon MLU: the whole card); 100 means the device is exclusive.
+
+Pod annotations steer the choice: ``{domain}/use-{word}type``, ``nouse-{word}type``
+(comma lists, case-insensitive substrings of the model), ``use-{word}uuid``,
+``nouse-{word}uuid`` (comma lists, exact uuids), ``{domain}/numa-bind``, and the two
+policy overrides ``hami.io/node-scheduler-policy`` / ``hami.io/gpu-scheduler-policy``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from hami.backends.base import ResourceNames
+from hami.protocol import keys
+
+POLICIES = ("binpack", "spread")
+
+
+class RequestError(ValueError):
+    """A pod's request is invalid; the message names the container and what to fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceKind:
+    """A backend as the scheduler sees it: words, resource names and annotation keys."""
+
+    type_word: str
+    vendor_word: str
+    resources: ResourceNames
+    allocated_key: str
+    to_allocate_key: str
+    default_cores: int = 0
+
+    @property
+    def domain(self) -> str:
+        return self.resources.count.split("/", 1)[0] if "/" in self.resources.count else ""
+
+    @property
+    def selector_word(self) -> str:
+        """``gpu`` for ``nvidia.com/gpu``, ``mlu`` for ``cambricon.com/vmlu``."""
+        tail = self.resources.count.rsplit("/", 1)[-1]
+        if tail.startswith("v") and len(tail) > 3:
+            tail = tail[1:]
+        return tail
+
+    def annotation(self, name: str) -> str:
+        """Selector annotation key: ``use-type`` -> ``nvidia.com/use-gputype``."""
+        prefix = f"{self.domain}/" if self.domain else ""
+        if name == "numa-bind":
+            return f"{prefix}numa-bind"
+        verb, what = name.split("-", 1)
+        return f"{prefix}{verb}-{self.selector_word}{what}"
+
+    @classmethod
+    def from_backend(cls, backend: Any) -> DeviceKind:
+        """Build from a ``hami.backends.base.Backend`` instance (duck-typed)."""
+        return cls(
+            type_word=backend.type_word,
+            vendor_word=backend.vendor_word,
+            resources=backend.resources,
+            allocated_key=backend.allocated_key,
+            to_allocate_key=backend.to_allocate_key,
+            default_cores=int(getattr(backend, "default_cores", 0)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRequest:
+    """One container's request for one device type."""
+
+    type_word: str
+    vendor: str  # vendor word written in pod device values
+    count: int
+    memory: int  # MiB per device; 0 when ``memory_percentage`` is set
+    memory_percentage: int | None  # percent of each device's memory, or None
+    cores: int  # percent of each device; 100 = exclusive
+
+    def memory_on(self, device_memory: int) -> int:
+        if self.memory_percentage is None:
+            return self.memory
+        return device_memory * self.memory_percentage // 100
+
+
+@dataclass(frozen=True, slots=True)
+class Selectors:
+    use_types: tuple[str, ...] = ()  # lower-case substrings of the model
+    nouse_types: tuple[str, ...] = ()
+    use_uuids: frozenset[str] = frozenset()
+    nouse_uuids: frozenset[str] = frozenset()
+    numa_bind: bool = False
+
+    def type_ok(self, model: str) -> bool:
+        lowered = model.lower()
+        if self.use_types and not any(t in lowered for t in self.use_types):
+            return False
+        return not any(t in lowered for t in self.nouse_types)
+
+    def uuid_ok(self, uuid: str) -> bool:
+        if self.use_uuids and uuid not in self.use_uuids:
+            return False
+        return uuid not in self.nouse_uuids
+
+
+NO_SELECTORS = Selectors()
+
+
+@dataclass(frozen=True, slots=True)
+class PodRequest:
+    """All containers (init first, then app, each in spec order) and their requests."""
+
+    containers: tuple[tuple[DeviceRequest, ...], ...]
+    init_count: int
+    selectors: Mapping[str, Selectors]  # by type word
+    node_policy: str | None = None
+    device_policy: str | None = None
+
+    @property
+    def type_words(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for container in self.containers:
+            for request in container:
+                seen.setdefault(request.type_word, None)
+        return list(seen)
+
+    def selectors_for(self, type_word: str) -> Selectors:
+        return self.selectors.get(type_word, NO_SELECTORS)
+
+
+# ---------------------------------------------------------------- quantities
+
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([a-zA-Z]*)$")
+_SUFFIX = {
+    "": 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+}
+
+
+def parse_quantity(value: Any) -> int:
+    """A Kubernetes quantity that must be a whole number (``3000``, ``2k``); else ValueError."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a number")
+    if isinstance(value, int):
+        return value
+    text = str(value).strip()
+    match = _QUANTITY.match(text)
+    if not match:
+        raise ValueError(f"{text!r} is not a whole number")
+    number, suffix = match.groups()
+    if suffix == "m":  # milli: only whole numbers survive
+        scale = Decimal(1) / 1000
+    elif suffix in _SUFFIX:
+        scale = Decimal(_SUFFIX[suffix])
+    else:
+        raise ValueError(f"{text!r} has an unknown unit {suffix!r}")
+    try:
+        amount = Decimal(number) * scale
+    except InvalidOperation:
+        raise ValueError(f"{text!r} is not a number") from None
+    if amount != amount.to_integral_value():
+        raise ValueError(f"{text!r} is not a whole number")
+    return int(amount)
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def container_resources(container: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Limits, falling back to requests for names only in requests."""
+    resources = container.get("resources") or {}
+    limits = resources.get("limits") or {}
+    requests = resources.get("requests") or {}
+    if not requests:
+        return dict(limits)
+    merged = dict(requests)
+    merged.update(limits)
+    return merged
+
+
+def asks_for(container: Mapping[str, Any], kinds: Iterable[DeviceKind]) -> bool:
+    names = container_resources(container)
+    return any(name in names for kind in kinds for name in kind.resources.all())
+
+
+def parse_device_request(
+    resources: Mapping[str, Any], kind: DeviceKind, where: str
+) -> DeviceRequest | None:
+    """One container's request for ``kind``, or None when it asks for none of it."""
+    names = kind.resources
+    present = {name: resources[name] for name in names.all() if name in resources}
+    if not present:
+        return None
+
+    def number(name: str | None) -> int | None:
+        if name is None or name not in present:
+            return None
+        try:
+            return parse_quantity(present[name])
+        except ValueError as exc:
+            raise RequestError(f"{where}: {name}: {exc}; use a whole number") from None
+
+    count = number(names.count)
+    memory = number(names.memory)
+    percentage = number(names.memory_percentage)
+    cores = number(names.cores)
+    if count is None:
+        count = 1
+    if count == 0 and names.count in present:
+        return None  # explicitly zero devices: no request
+    if count < 0:
+        raise RequestError(f"{where}: {names.count} must be >= 1, got {count}")
+    if memory is not None:
+        if memory <= 0:
+            raise RequestError(f"{where}: {names.memory} must be > 0, got {memory}")
+        memory *= names.memory_unit_mib
+        percentage = None
+    elif percentage is not None:
+        if not 1 <= percentage <= 100:
+            raise RequestError(
+                f"{where}: {names.memory_percentage} must be between 1 and 100, got {percentage}"
+            )
+    else:
+        percentage = 100
+    if cores is None:
+        cores = kind.default_cores
+    elif not 0 <= cores <= 100:
+        raise RequestError(f"{where}: {names.cores} must be between 0 and 100, got {cores}")
+    return DeviceRequest(
+        type_word=kind.type_word,
+        vendor=kind.vendor_word,
+        count=count,
+        memory=memory or 0,
+        memory_percentage=percentage,
+        cores=cores,
+    )
+
+
+def _comma_list(value: str | None) -> list[str]:
+    if not value:
+        return []
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def parse_selectors(annotations: Mapping[str, str], kind: DeviceKind) -> Selectors:
+    use_types = tuple(t.lower() for t in _comma_list(annotations.get(kind.annotation("use-type"))))
+    nouse_types = tuple(
+        t.lower() for t in _comma_list(annotations.get(kind.annotation("nouse-type")))
+    )
+    use_uuids = frozenset(_comma_list(annotations.get(kind.annotation("use-uuid"))))
+    nouse_uuids = frozenset(_comma_list(annotations.get(kind.annotation("nouse-uuid"))))
+    numa = (annotations.get(kind.annotation("numa-bind")) or "").strip().lower() == "true"
+    if not (use_types or nouse_types or use_uuids or nouse_uuids or numa):
+        return NO_SELECTORS
+    return Selectors(use_types, nouse_types, use_uuids, nouse_uuids, numa)
+
+
+def _policy(annotations: Mapping[str, str], key: str) -> str | None:
+    value = (annotations.get(key) or "").strip().lower()
+    if not value:
+        return None
+    if value not in POLICIES:
+        raise RequestError(f"annotation {key}: expected binpack or spread, got {value!r}")
+    return value
+
+
+def pod_containers(pod: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]], int]:
+    """Init containers then app containers, and how many are init containers."""
+    spec = pod.get("spec") or {}
+    init = list(spec.get("initContainers") or [])
+    return init + list(spec.get("containers") or []), len(init)
+
+
+def pod_name(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+
+
+def parse_pod(pod: Mapping[str, Any], kinds: Sequence[DeviceKind]) -> PodRequest | None:
+    """The pod's device request, or None when it asks for no managed resource."""
+    containers, init_count = pod_containers(pod)
+    parsed: list[tuple[DeviceRequest, ...]] = []
+    any_request = False
+    for position, container in enumerate(containers):
+        kind_word = "init container" if position < init_count else "container"
+        where = f"pod {pod_name(pod)} {kind_word} {container.get('name', position)!r}"
+        resources = container_resources(container)
+        found: list[DeviceRequest] = []
+        for kind in kinds:
+            request = parse_device_request(resources, kind, where)
+            if request is not None:
+                found.append(request)
+        any_request = any_request or bool(found)
+        parsed.append(tuple(found))
+    if not any_request:
+        return None
+    annotations: Mapping[str, str] = (pod.get("metadata") or {}).get("annotations") or {}
+    types = {r.type_word for c in parsed for r in c}
+    selectors = {
+        kind.type_word: parse_selectors(annotations, kind)
+        for kind in kinds
+        if kind.type_word in types
+    }
+    return PodRequest(
+        containers=tuple(parsed),
+        init_count=init_count,
+        selectors={t: s for t, s in selectors.items() if s is not NO_SELECTORS},
+        node_policy=_policy(annotations, keys.NODE_SCHEDULER_POLICY),
+        device_policy=_policy(annotations, keys.DEVICE_SCHEDULER_POLICY),
+    )

@@ -1,0 +1,107 @@
+"""What a pod holds on each device, and per-device state with its usage counters.
+
+Pure. Init containers run one after another before the app containers, so a pod's hold on
+a device is, field by field (slots, memory, cores), the larger of its init peak (the
+largest single init container there) and the sum of its app containers there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hami.protocol import ContainerDevice, NodeDevice
+
+
+@dataclass(slots=True)
+class Use:
+    """Slots, MiB and core percent held on one device."""
+
+    slots: int = 0
+    memory: int = 0
+    cores: int = 0
+
+    def add(self, other: Use, sign: int = 1) -> None:
+        self.slots += sign * other.slots
+        self.memory += sign * other.memory
+        self.cores += sign * other.cores
+
+    def is_zero(self) -> bool:
+        return self.slots == 0 and self.memory == 0 and self.cores == 0
+
+
+def pod_usage(containers: Sequence[Sequence[ContainerDevice]], init_count: int) -> dict[str, Use]:
+    """Per device uuid, what a pod holds given its per-container devices."""
+    app: dict[str, Use] = {}
+    init: dict[str, Use] = {}
+    for position, devices in enumerate(containers):
+        for device in devices:
+            if position < init_count:
+                peak = init.setdefault(device.uuid, Use())
+                peak.slots = max(peak.slots, 1)
+                peak.memory = max(peak.memory, device.memory)
+                peak.cores = max(peak.cores, device.cores)
+            else:
+                total = app.setdefault(device.uuid, Use())
+                total.slots += 1
+                total.memory += device.memory
+                total.cores += device.cores
+    for uuid, peak in init.items():
+        total = app.setdefault(uuid, Use())
+        total.slots = max(total.slots, peak.slots)
+        total.memory = max(total.memory, peak.memory)
+        total.cores = max(total.cores, peak.cores)
+    return app
+
+
+@dataclass(slots=True, eq=False)
+class DeviceState:
+    """A registered device and what pods hold on it (reservations included)."""
+
+    uuid: str
+    index: int
+    model: str
+    numa: int
+    healthy: bool
+    count: int  # split count
+    total_memory: int
+    total_cores: int  # 0: no core limiter (cores only mean "exclusive" at 100)
+    used: int = 0
+    used_memory: int = 0
+    used_cores: int = 0
+
+    @classmethod
+    def from_node_device(cls, device: NodeDevice) -> DeviceState:
+        return cls(
+            uuid=device.uuid,
+            index=device.index,
+            model=device.model,
+            numa=device.numa,
+            healthy=device.healthy,
+            count=device.count,
+            total_memory=device.memory,
+            total_cores=device.cores,
+        )
+
+    def set_use(self, use: Use | None) -> None:
+        if use is None:
+            self.used = self.used_memory = self.used_cores = 0
+        else:
+            self.used, self.used_memory, self.used_cores = use.slots, use.memory, use.cores
+
+    @property
+    def exclusive_held(self) -> bool:
+        """Someone holds the whole device's compute."""
+        if self.total_cores > 0:
+            return self.used_cores >= self.total_cores
+        return self.used_cores >= 100
+
+    def utilisation(self, slots: int = 0, memory: int = 0, cores: int = 0) -> float:
+        """Used share of the device (0..1 per term), plus an optional extra hold."""
+        share = (self.used + slots) / self.count if self.count else 1.0
+        share += (self.used_memory + memory) / self.total_memory if self.total_memory else 1.0
+        terms = 2
+        if self.total_cores:
+            share += (self.used_cores + cores) / self.total_cores
+            terms = 3
+        return share / terms
