@@ -20,7 +20,7 @@ from grpclib.exceptions import GRPCError
 from grpclib.server import Server, Stream
 
 from hami._proto.v1beta1 import api_grpc, api_pb2
-from hami.backends.base import BackendSettings, Device, HealthCallback
+from hami.backends.base import BackendSettings, HealthCallback
 from hami.backends.fake import FakeBackend
 from hami.config import Config
 from hami.node import NodeAgent
@@ -179,9 +179,7 @@ async def test_registrar_writes_at_once_retries_and_reacts_to_health(tmp_path: P
     )
     task = asyncio.create_task(registrar.run())
     try:
-        async with asyncio.timeout(5):
-            while not writes:
-                await asyncio.sleep(0.01)
+        await wait_until(lambda: writes, 5)
         assert writes[0] == {
             "hami.io/node-nvidia-register": "GPU-u-0,4,16384,100,NVIDIA-Test,0,true:"
             "GPU-u-1,4,16384,100,NVIDIA-Test,0,true:",
@@ -190,9 +188,7 @@ async def test_registrar_writes_at_once_retries_and_reacts_to_health(tmp_path: P
         assert registrar.failures == 0
         # A health change is written at once, not after the 30 s period.
         state.on_health("GPU-u-1", False)
-        async with asyncio.timeout(5):
-            while len(writes) < 2:
-                await asyncio.sleep(0.01)
+        await wait_until(lambda: len(writes) >= 2, 5)
         assert "GPU-u-1,4,16384,100,NVIDIA-Test,0,false:" in str(
             writes[1]["hami.io/node-nvidia-register"]
         )
@@ -306,7 +302,7 @@ def short_dir() -> Iterator[Path]:
 
 async def wait_until(predicate: Any, timeout: float = 10.0) -> None:  # noqa: ASYNC109
     async with asyncio.timeout(timeout):
-        while not predicate():
+        while not predicate():  # noqa: ASYNC110 - polls plain state, no event to await
             await asyncio.sleep(0.02)
 
 
