@@ -6,6 +6,7 @@ working directory and prints a table; variants print the JSON, fail, hang or pri
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import tempfile
 import textwrap
@@ -131,6 +132,27 @@ async def test_failing_cnmon_names_status_and_stderr_tail(tmp_path: Path) -> Non
 async def test_hanging_cnmon_times_out(tmp_path: Path) -> None:
     with pytest.raises(BackendError, match=r"did not finish within 0.5 s"):
         await backend(fake_cnmon(tmp_path, "hang"), cnmon_timeout=0.5).enumerate()
+
+
+async def test_timeout_kills_a_wrapper_and_its_children(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    wrapper = tmp_path / "cnmon-wrapper"
+    wrapper.write_text(f"#!/bin/sh\nsleep 30 &\necho $! > {pid_file}\nwait\n")
+    wrapper.chmod(0o755)
+    # A surviving child would hold cnmon's pipes open and hang the call for 30 s.
+    with pytest.raises(BackendError, match="did not finish"):
+        async with asyncio.timeout(10):
+            await backend(wrapper, cnmon_timeout=0.5).enumerate()
+    await asyncio.sleep(0.1)
+    assert not running(int(pid_file.read_text()))
+
+
+def running(pid: int) -> bool:
+    """Whether a process lives (a zombie, killed but not yet reaped, does not)."""
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
 
 
 async def test_unparsable_output(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Mapping
 from typing import Any
@@ -118,6 +119,7 @@ class CambriconBackend(Backend):
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=asyncio.subprocess.PIPE,
                     stderr=asyncio.subprocess.PIPE,
+                    start_new_session=True,  # its own process group: a timeout kills it all
                 )
             except FileNotFoundError as exc:
                 raise BackendError(
@@ -132,7 +134,7 @@ class CambriconBackend(Backend):
                     stdout, stderr = await proc.communicate()
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
+                    os.killpg(proc.pid, signal.SIGKILL)  # also a wrapper script's children
                 await proc.wait()
                 raise BackendError(
                     f"mlu: '{command} info -j' did not finish within {self.cnmon_timeout:g} s "
