@@ -155,6 +155,21 @@ def running(pid: int) -> bool:
         return False
 
 
+async def test_cancelled_enumeration_leaves_no_cnmon(tmp_path: Path) -> None:
+    pid_file = tmp_path / "cnmon.pid"
+    slow = tmp_path / "cnmon-slow"
+    slow.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec sleep 30\n")
+    slow.chmod(0o755)
+    task = asyncio.create_task(backend(slow).enumerate())
+    async with asyncio.timeout(5):
+        while not pid_file.exists() or not pid_file.read_text():  # noqa: ASYNC110 (another process)
+            await asyncio.sleep(0.02)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not running(int(pid_file.read_text()))
+
+
 async def test_unparsable_output(tmp_path: Path) -> None:
     with pytest.raises(BackendError, match=r"cannot read .* starts with: Error: unknown option"):
         await backend(fake_cnmon(tmp_path, "junk")).enumerate()

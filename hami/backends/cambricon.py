@@ -132,10 +132,11 @@ class CambriconBackend(Backend):
             try:
                 async with asyncio.timeout(self.cnmon_timeout):
                     stdout, stderr = await proc.communicate()
+            except asyncio.CancelledError:
+                await _kill(proc)  # the caller gave up: leave no cnmon behind
+                raise
             except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)  # also a wrapper script's children
-                await proc.wait()
+                await _kill(proc)
                 raise BackendError(
                     f"mlu: '{command} info -j' did not finish within {self.cnmon_timeout:g} s "
                     f"(a hung driver? raise the backend option 'cnmon_timeout' if it is slow)"
@@ -222,6 +223,12 @@ class CambriconBackend(Backend):
 
     def _on_host(self, path: str) -> bool:
         return os.path.exists(os.path.join(self.opts["host_root"], path.lstrip("/")))
+
+
+async def _kill(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # its process group: also a wrapper's children
+    await proc.wait()
 
 
 def _read_if_present(path: str) -> str | None:
