@@ -68,7 +68,8 @@ class Registrar:
         self.state.set_enumerated(devices)
 
     async def write_once(self) -> bool:
-        annotations = registration_annotations(self.state, self.now())
+        now = self.now()
+        annotations = registration_annotations(self.state, now)
         self.metrics.set_devices(self.state.name, self.state.backend.type_word, self.state.devices)
         try:
             await self.patch(annotations)
@@ -93,7 +94,7 @@ class Registrar:
         else:
             self.log.debug("heartbeat", value=annotations[self.state.backend.handshake_key])
         self.failures = 0
-        self.last_success = self.now()
+        self.last_success = now
         return True
 
     async def run(self) -> None:
