@@ -256,6 +256,8 @@ class Cluster:
                 timeout=self.handshake_timeout,
             )
             available, reason = decision.available, decision.reason
+            if available and state.register_value is None:
+                available, reason = False, handshake.NODE_UNREGISTERED
             if available and state.error is not None:
                 available, reason = False, state.error
             if decision.write is not None and write:
