@@ -109,6 +109,9 @@ class Backend(abc.ABC):
     default_resources: ResourceNames
     allocated_key: str  # pod annotation with the lasting decision
     to_allocate_key: str  # pod annotation the node consumes entry by entry
+    # Core percent a request without a cores resource asks for (the scheduler's default):
+    # 0 = no core share (NVIDIA), 100 = the whole device (Cambricon MLU).
+    default_cores: int = 0
 
     def __init__(self, settings: BackendSettings | None = None) -> None:
         self.settings = settings or BackendSettings()

@@ -75,6 +75,7 @@ class CambriconBackend(Backend):
     default_resources = MLU_RESOURCES
     allocated_key = "hami.io/cambricon-mlu-devices-allocated"
     to_allocate_key = "hami.io/cambricon-mlu-devices-to-allocate"
+    default_cores = 100  # cambricon.com/mlu.smlu.vcore absent: the whole card
 
     def __init__(self, settings: BackendSettings | None = None) -> None:
         super().__init__(settings)
