@@ -1,0 +1,106 @@
+"""``hami run --role node`` as a process: node name required, registration, clean SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hami import cli
+from hami.kube import patch
+from hami.testkit import ControlPlane
+
+
+def test_node_role_without_node_name_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    assert cli.main(["run", "--role", "node"]) == 2
+    err = capsys.readouterr().err
+    assert "NODE_NAME" in err and "--node-name" in err
+
+
+@pytest.fixture
+def work_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="hn-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def test_node_role_process_registers_and_stops_on_sigterm(
+    controlplane: ControlPlane, kubelet_factory: Any, api_client: Any, work_dir: Path
+) -> None:
+    node = f"n-proc-{uuid.uuid4().hex[:6]}"
+    kubelet = await kubelet_factory(node)
+    config = {
+        "log": {"level": "info", "format": "json"},
+        "node": {
+            "register_period": "1s",
+            "device_plugin_dir": str(kubelet.plugin_dir),
+            "http": {"address": "127.0.0.1", "port": 0},
+        },
+        "backends": {
+            "nvidia": {"enabled": False},
+            "fake": {
+                "enabled": True,
+                "split_count": 2,
+                "devices": [{"count": 1, "model": "NVIDIA-A100", "memory": 40960}],
+                "uuid_prefix": f"GPU-{node}",
+                "hamicore": {"containers_dir": str(work_dir / "containers")},
+            },
+        },
+    }
+    path = work_dir / "hami.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {**os.environ, "NODE_NAME": node}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "hami",
+        "run",
+        "--role",
+        "node",
+        "--config",
+        str(path),
+        "--kubeconfig",
+        str(controlplane.kubeconfig),
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        await kubelet.wait_for_resource("nvidia.com/gpu", healthy=2, timeout=30)
+
+        async def registered() -> bool:
+            obj = await patch.get_node(api_client, node)
+            annotations = obj["metadata"].get("annotations") or {}
+            return bool(
+                annotations.get("hami.io/node-nvidia-register")
+                == f"GPU-{node}-0,2,40960,100,NVIDIA-A100,0,true:"
+            )
+
+        async with asyncio.timeout(20):
+            while not await registered():  # noqa: ASYNC110 - polls the API server
+                await asyncio.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(15):
+            code = await proc.wait()
+        assert code == 0
+        assert not (kubelet.plugin_dir / "hami-nvidia.sock").exists()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        assert proc.stdout is not None
+        output = (await proc.stdout.read()).decode()
+    assert '"role": "node"' in output and "stopped" in output
