@@ -429,3 +429,13 @@ async def test_plugin_allocate_health_and_reregistration(short_dir: Path) -> Non
     finally:
         await kubelet.stop()
     assert not (short_dir / "hami-nvidia.sock").exists()
+
+
+def test_pod_with_two_device_types_is_done_when_both_are(tmp_path: Path) -> None:
+    backend = fake_backend(tmp_path)
+    p = pod("p", "GPU-u-0,NVIDIA,3000,0:;")
+    p["metadata"]["annotations"]["hami.io/cambricon-mlu-devices-to-allocate"] = "MLU-1,MLU,256,0:;"
+    plan = plan_allocation(p, backend, [1], [])
+    assert not plan.done and keys.BIND_PHASE not in plan.annotations
+    p["metadata"]["annotations"]["hami.io/cambricon-mlu-devices-to-allocate"] = ";"
+    assert plan_allocation(p, backend, [1], []).done

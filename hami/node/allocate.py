@@ -195,11 +195,26 @@ def plan_allocation(
             raise AllocateError(f"container {name}: {exc}", ref) from None
         plans.append(ContainerPlan(index, name, list(devices), allocation))
         entries[index] = []
-    done = first_pending_entry(entries) is None
+    done = first_pending_entry(entries) is None and not _others_pending(pod, key)
     annotations = {key: encode_pod_devices(entries)}
     if done:
         annotations[keys.BIND_PHASE] = BindPhase.SUCCESS.value
     return AllocationPlan(ref, plans, annotations, done)
+
+
+def _others_pending(pod: Pod, key: str) -> bool:
+    """Another backend's ``*devices-to-allocate`` value still has entries (a pod using two
+    device types is done only when every type is allocated). Malformed values do not block:
+    that backend's own Allocate fails the pod."""
+    for other, value in _annotations(pod).items():
+        if other == key or not other.endswith("devices-to-allocate"):
+            continue
+        try:
+            if first_pending_entry(decode_pod_devices(value)) is not None:
+                return True
+        except ProtocolError:
+            continue
+    return False
 
 
 def pending_uuids(pod: Pod, backend: Backend) -> list[str] | None:

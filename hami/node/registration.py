@@ -69,9 +69,9 @@ class Registrar:
 
     async def write_once(self) -> bool:
         now = self.now()
-        annotations = registration_annotations(self.state, now)
         self.metrics.set_devices(self.state.name, self.state.backend.type_word, self.state.devices)
         try:
+            annotations = registration_annotations(self.state, now)
             await self.patch(annotations)
         except asyncio.CancelledError:
             raise
