@@ -492,3 +492,40 @@ async def test_http_endpoints(
             text = await resp.text()
     assert 'hami_node_devices{backend="fake",health="healthy",type="nvidia"} 2.0' in text
     assert 'hami_node_registration_patches_total{backend="fake"}' in text
+
+
+class EventFake(FakeBackend):
+    """A fake backend whose health changes arrive as events, like NVML Xid events."""
+
+    def __init__(self, settings: BackendSettings) -> None:
+        super().__init__(settings)
+        self.on_change: Callable[[str, bool], None] | None = None
+        self.watching = asyncio.Event()
+
+    async def watch_health(self, devices: Any, on_change: Callable[[str, bool], None]) -> None:
+        self.on_change = on_change
+        self.watching.set()
+        await asyncio.Event().wait()
+
+
+async def test_unhealthy_device_reaches_kubelet_and_node_at_once(
+    kubelet_factory: Any, agent_factory: AgentFactory, api_client: Any, host_dir: Path
+) -> None:
+    node = unique("n-hlth")
+    kubelet = await kubelet_factory(node)
+    backend = EventFake(make_backend(node, host_dir).settings)
+    # A period far longer than the test: only the health event can cause the write.
+    await agent_factory(kubelet, backend=backend, register_period=300)
+    await kubelet.wait_for_resource(RESOURCE, healthy=2 * SPLIT)
+    await asyncio.wait_for(backend.watching.wait(), 10)
+    assert backend.on_change is not None
+    backend.on_change(f"GPU-{node}-1", False)
+    await kubelet.wait_for_resource(RESOURCE, healthy=SPLIT, timeout=10)
+
+    async def marked() -> bool:
+        value = (await node_annotations(api_client, node)).get(REGISTER, "")
+        return f"GPU-{node}-1,{SPLIT},32768,100,NVIDIA-Tesla V100-PCIE-32GB,0,false:" in value
+
+    await wait_until(marked, 10, "healthy=false in the register annotation")
+    backend.on_change(f"GPU-{node}-1", True)
+    await kubelet.wait_for_resource(RESOURCE, healthy=2 * SPLIT, timeout=10)
