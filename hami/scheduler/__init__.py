@@ -1,0 +1,1 @@
+"""The scheduler role: cluster state from watches, handshake, extender, webhook, metrics."""

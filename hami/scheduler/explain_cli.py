@@ -1,0 +1,110 @@
+"""``hami explain POD [-n NS]``: why each node takes or rejects a pod.
+
+Asks a running scheduler (``GET {url}/explain``) first; when none answers, or with
+``--offline``, computes the same from the cluster's Node and Pod annotations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from hami import config, log
+from hami.kube.client import KubeConfigError, open_client
+from hami.kube.raw import KubeError, request
+
+
+def add_parser(subparsers: Any) -> None:
+    from hami.cli import _common
+
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "explain", help="why a pod was (not) placed: every node's reason"
+    )
+    _common(parser)
+    parser.add_argument("pod", help="pod name")
+    parser.add_argument("-n", "--namespace", default="default", help="pod namespace")
+    parser.add_argument(
+        "--url", help="a running scheduler role (default: http://127.0.0.1:{scheduler.http.port})"
+    )
+    parser.add_argument(
+        "--offline", action="store_true", help="compute from the cluster's annotations only"
+    )
+    parser.add_argument("--json", action="store_true", help="print the answer as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hami.cli import load_config
+
+    cfg = load_config(args)
+    log.configure(cfg.log.level, cfg.log.format)
+    answer: dict[str, Any] | None = None
+    if not args.offline:
+        url = args.url or f"http://127.0.0.1:{cfg.scheduler.http.port}"
+        answer = ask_scheduler(url, args.namespace, args.pod)
+        if answer is None:
+            print(f"no scheduler answered at {url}; computing from annotations", file=sys.stderr)
+    if answer is None:
+        try:
+            answer = asyncio.run(compute(cfg, args.namespace, args.pod))
+        except (KubeConfigError, KubeError) as exc:
+            print(f"hami explain: {exc}", file=sys.stderr)
+            return 1
+    if args.json:
+        print(json.dumps(answer, indent=2, sort_keys=True))
+    else:
+        print_answer(answer)
+    return 1 if answer.get("error") else 0
+
+
+def ask_scheduler(url: str, namespace: str, name: str) -> dict[str, Any] | None:
+    query = urllib.parse.urlencode({"namespace": namespace, "name": name})
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/explain?{query}", timeout=30) as resp:
+            data: dict[str, Any] = json.loads(resp.read())
+            return data
+    except urllib.error.HTTPError as exc:
+        try:
+            data = json.loads(exc.read())
+        except ValueError:
+            return None
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+async def compute(cfg: config.Config, namespace: str, name: str) -> dict[str, Any]:
+    from hami.scheduler.role import device_kinds
+    from hami.scheduler.service import Scheduler
+
+    async with open_client(cfg.kubeconfig or None) as api:
+        scheduler = Scheduler(cfg.scheduler, device_kinds(cfg), api, emit_events=False)
+        for node in (await request(api, "GET", "/api/v1/nodes")).get("items") or []:
+            scheduler.on_node("ADDED", node)
+        scheduler.cluster.refresh(scheduler.clock.now())
+        for pod in (await request(api, "GET", "/api/v1/pods")).get("items") or []:
+            scheduler.on_pod("ADDED", pod)
+        return await scheduler.explain(namespace, name)
+
+
+def print_answer(answer: dict[str, Any]) -> None:
+    print(f"pod {answer.get('pod')}")
+    if answer.get("assigned"):
+        print(f"placed on node {answer['assigned']} (its hold is counted below)")
+    if answer.get("error"):
+        print(f"error: {answer['error']}")
+        return
+    nodes: dict[str, str] = answer.get("nodes") or {}
+    if not nodes:
+        print("no nodes known")
+        return
+    width = max(len("NODE"), *(len(n) for n in nodes))
+    print(f"{'NODE'.ljust(width)}  REASON")
+    for node, reason in sorted(nodes.items()):
+        print(f"{node.ljust(width)}  {reason}")

@@ -1,0 +1,557 @@
+"""The scheduler's behaviour: watch handlers, handshake pass, filter, bind and explain.
+
+The cluster state (``hami.core.cluster``) is pure; this module adds the Kubernetes I/O
+around it. Every call that touches the API goes through ``self.api`` (a kubernetes_asyncio
+``ApiClient``) and the helpers in ``hami.kube``; time comes from the injected ``now`` and
+``monotonic`` so timing is testable without sleeping.
+
+Concurrency: the event loop runs one coroutine at a time, and a decision plus its
+reservation happen without an ``await`` in between, so concurrent filter calls always see
+each other's reservations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from hami import log
+from hami.config import SchedulerConfig
+from hami.core.cluster import Cluster, PodRecord, pod_key
+from hami.core.requests import DeviceKind, PodRequest, RequestError, parse_pod
+from hami.kube import events, patch
+from hami.kube.raw import Conflict, KubeError, NotFound
+from hami.protocol import NodeLock, encode_pod_devices, keys, parse_lock
+from hami.scheduler.metrics import SchedulerMetrics
+
+_log = log.get(__name__)
+
+Json = dict[str, Any]
+_CODE = re.compile(r"^\d+/\d+ (\S+)$")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def lower_keys(value: Any) -> Any:
+    """Extender JSON field names are matched case-insensitively (top level only)."""
+    if isinstance(value, Mapping):
+        return {str(k).lower(): v for k, v in value.items()}
+    return {}
+
+
+def reason_codes(reason: str) -> list[str]:
+    """``"2/4 CardInsufficientMemory, 2/4 CardTypeMismatch"`` -> the two codes."""
+    codes: list[str] = []
+    for part in reason.split(", "):
+        match = _CODE.match(part.strip())
+        codes.append(match.group(1) if match else part.split(":", 1)[0].strip() or "unknown")
+    return codes
+
+
+def summarise_failures(failed: Mapping[str, str]) -> str:
+    """``0/3 nodes are available: 2 handshake timed out, 1 2/4 CardInsufficientMemory``."""
+    counts = Counter(failed.values())
+    parts = [f"{n} {reason}" for reason, n in sorted(counts.items(), key=lambda i: (-i[1], i[0]))]
+    return f"0/{len(failed)} nodes are available: " + "; ".join(parts)
+
+
+class BindError(Exception):
+    """A bind step failed; the message is what kube-scheduler and the Event show."""
+
+
+@dataclass
+class Clock:
+    """Time sources, replaceable in tests."""
+
+    now: Callable[[], datetime] = utcnow
+    monotonic: Callable[[], float] = time.monotonic
+
+
+class Scheduler:
+    def __init__(
+        self,
+        settings: SchedulerConfig,
+        kinds: Sequence[DeviceKind],
+        api: Any,
+        *,
+        clock: Clock | None = None,
+        emit_events: bool = True,
+    ) -> None:
+        self.settings = settings
+        self.kinds = list(kinds)
+        self.api = api
+        self.clock = clock or Clock()
+        self.emit_events = emit_events
+        self.cluster = Cluster(
+            self.kinds,
+            handshake_timeout=timedelta(seconds=settings.handshake_timeout.seconds),
+            node_policy=settings.node_policy,
+            device_policy=settings.device_policy,
+        )
+        self.metrics = SchedulerMetrics(self.cluster)
+        self.nodes_synced = asyncio.Event()
+        self.pods_synced = asyncio.Event()
+        self._lock_changed: dict[str, asyncio.Event] = {}
+        self._node_errors: dict[str, tuple[str, ...]] = {}
+        self._pod_errors: dict[str, tuple[str, ...]] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self._handshake_announced = False
+
+    @property
+    def ready(self) -> bool:
+        return self.nodes_synced.is_set() and self.pods_synced.is_set()
+
+    # ------------------------------------------------------------------ watches
+
+    def on_node(self, kind: str, obj: Json) -> None:
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        if kind == "DELETED":
+            self.cluster.delete_node(name)
+            self._node_errors.pop(name, None)
+            self._wake_lock_waiters(name)
+            return
+        previous = self.cluster.nodes.get(name)
+        old_lock = previous.lock if previous is not None else None
+        errors, changes = self.cluster.upsert_node(obj, self.clock.now())
+        state = self.cluster.nodes.get(name)
+        current_errors = tuple(
+            f"{keys.node_register(word)}: {t.error}"
+            for word, t in (state.types.items() if state else ())
+            if t.error
+        )
+        if current_errors != self._node_errors.get(name, ()):
+            for error in errors:
+                _log.error("node register value rejected", node=name, error=error)
+                self.metrics.annotation_errors.labels("node").inc()
+            self._node_errors[name] = current_errors
+        self._log_changes(changes)
+        if state is not None and state.lock != old_lock:
+            self._wake_lock_waiters(name)
+
+    def on_pod(self, kind: str, obj: Json) -> None:
+        key = pod_key(obj)
+        if kind == "DELETED":
+            self.cluster.delete_pod(key)
+            self._pod_errors.pop(key, None)
+            return
+        errors = tuple(self.cluster.upsert_pod(obj))
+        if errors != self._pod_errors.get(key, ()):
+            for error in errors:
+                _log.error("pod device annotation rejected", pod=key, error=error)
+                self.metrics.annotation_errors.labels("pod").inc()
+            if errors:
+                self._pod_errors[key] = errors
+            else:
+                self._pod_errors.pop(key, None)
+
+    def _log_changes(self, changes: Sequence[Any]) -> None:
+        for change in changes:
+            self.metrics.availability_changes.labels(
+                change.type_word, "true" if change.available else "false"
+            ).inc()
+            if change.available:
+                _log.info("device type available", node=change.node, type=change.type_word)
+            else:
+                _log.warning(
+                    "device type unavailable",
+                    node=change.node,
+                    type=change.type_word,
+                    reason=change.reason,
+                )
+
+    def _wake_lock_waiters(self, node: str) -> None:
+        event = self._lock_changed.pop(node, None)
+        if event is not None:
+            event.set()
+
+    # ------------------------------------------------------------------ handshake
+
+    async def handshake_pass(self) -> None:
+        """One pass of protocol.md section 2 over every known node."""
+        writes, changes = self.cluster.refresh(self.clock.now())
+        self._log_changes(changes)
+        if not self._handshake_announced:
+            _log.info(
+                "handshake running",
+                period=self.settings.handshake_period.seconds,
+                timeout=self.settings.handshake_timeout.seconds,
+                nodes=len(self.cluster.nodes),
+            )
+            self._handshake_announced = True
+        if not writes:
+            return
+        limit = asyncio.Semaphore(16)
+
+        async def write(node: str, annotations: Mapping[str, str], version: str) -> None:
+            async with limit:
+                try:
+                    await patch.patch_node_annotations(
+                        self.api, node, annotations, resource_version=version or None
+                    )
+                except Conflict:
+                    # The node changed since we read it: decide again on the next pass.
+                    self.metrics.handshake_patches.labels("conflict").inc()
+                except KubeError as exc:
+                    self.metrics.handshake_patches.labels("error").inc()
+                    _log.warning("handshake patch failed", node=node, error=str(exc))
+                else:
+                    self.metrics.handshake_patches.labels("ok").inc()
+
+        await asyncio.gather(*(write(w.node, w.annotations, w.resource_version) for w in writes))
+
+    async def handshake_loop(
+        self, sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep
+    ) -> None:
+        await self.nodes_synced.wait()
+        while True:
+            try:
+                await self.handshake_pass()
+            except Exception:  # never let one bad pass stop the heartbeat
+                _log.exception("handshake pass failed")
+            await sleep(self.settings.handshake_period.seconds)
+
+    # ------------------------------------------------------------------ filter
+
+    def parse(self, pod: Mapping[str, Any]) -> PodRequest | None:
+        return parse_pod(pod, self.kinds)
+
+    async def filter(self, body: Any) -> Json:
+        """kube-scheduler's ``ExtenderArgs`` -> ``ExtenderFilterResult`` (always a dict)."""
+        started = self.clock.monotonic()
+        outcome = "error"
+        try:
+            result, outcome = await self._filter(lower_keys(body))
+            return result
+        except Exception as exc:  # answer with the error, never with a 500
+            _log.exception("filter failed")
+            return {"NodeNames": [], "FailedNodes": {}, "Error": f"hami filter: {exc!r}"}
+        finally:
+            self.metrics.filter_total.labels(outcome).inc()
+            self.metrics.filter_seconds.labels(outcome).observe(self.clock.monotonic() - started)
+
+    async def _filter(self, args: Mapping[str, Any]) -> tuple[Json, str]:
+        pod = args.get("pod")
+        if not isinstance(pod, Mapping):
+            return {"NodeNames": [], "FailedNodes": {}, "Error": "hami filter: no Pod"}, "error"
+        names = _node_names(args)
+        key = pod_key(pod)
+        try:
+            request = self.parse(pod)
+        except RequestError as exc:
+            return {"NodeNames": [], "FailedNodes": {}, "Error": str(exc)}, "error"
+        if request is None:
+            return {"NodeNames": names, "FailedNodes": {}, "Error": ""}, "passthrough"
+        began = time.perf_counter()
+        decision = self.cluster.decide(request, names)
+        fit = decision.fit
+        if decision.node is None or fit is None:
+            self.metrics.decision_seconds.observe(time.perf_counter() - began)
+            for reason in decision.failed.values():
+                for code in reason_codes(reason):
+                    self.metrics.node_rejections.labels(code).inc()
+            message = summarise_failures(decision.failed)
+            _log.info("no node fits", pod=key, summary=message)
+            self._event(pod, "FilteringFailed", message, "Warning")
+            return {"NodeNames": [], "FailedNodes": decision.failed, "Error": ""}, "unschedulable"
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        previous = self.cluster.reserve(key, uid, decision.node, fit)
+        self.metrics.decision_seconds.observe(time.perf_counter() - began)
+        self.cluster.pinned.add(key)
+        annotations = self._decision_annotations(pod, decision.node, fit.assignment)
+        try:
+            await patch.patch_pod_annotations(
+                self.api,
+                str(meta.get("namespace") or "default"),
+                str(meta.get("name")),
+                annotations,
+            )
+        except Exception as exc:
+            self.cluster.rollback(key, previous)
+            _log.warning("decision not written, reservation rolled back", pod=key, error=str(exc))
+            return {
+                "NodeNames": [],
+                "FailedNodes": {},
+                "Error": f"hami filter: writing the decision on pod {key} failed: {exc}",
+            }, "error"
+        finally:
+            self.cluster.pinned.discard(key)
+        devices = "; ".join(
+            f"{word}: {encode_pod_devices(per)}" for word, per in fit.assignment.items()
+        )
+        _log.debug("pod placed", pod=key, node=decision.node, devices=devices)
+        self._event(pod, "FilteringSucceed", f"node {decision.node} chosen, devices {devices}")
+        return {"NodeNames": [decision.node], "FailedNodes": {}, "Error": ""}, "scheduled"
+
+    def _decision_annotations(
+        self, pod: Mapping[str, Any], node: str, assignment: Mapping[str, Any]
+    ) -> dict[str, str | None]:
+        existing: Mapping[str, str] = (pod.get("metadata") or {}).get("annotations") or {}
+        annotations: dict[str, str | None] = {
+            keys.VGPU_NODE: node,
+            keys.VGPU_TIME: str(int(self.clock.now().timestamp())),
+        }
+        for kind in self.kinds:
+            per_container = assignment.get(kind.type_word)
+            if per_container is not None:
+                value = encode_pod_devices(per_container)
+                annotations[kind.allocated_key] = value
+                annotations[kind.to_allocate_key] = value
+            else:
+                # A decision made before (a retried pod) may have used this type.
+                for stale in (kind.allocated_key, kind.to_allocate_key):
+                    if stale in existing:
+                        annotations[stale] = None
+        for stale in (keys.BIND_PHASE, keys.BIND_TIME):
+            if stale in existing:
+                annotations[stale] = None
+        return annotations
+
+    # ------------------------------------------------------------------ bind
+
+    async def bind(self, body: Any) -> Json:
+        """``ExtenderBindingArgs`` -> ``ExtenderBindingResult`` (``{"Error": ...}``)."""
+        started = self.clock.monotonic()
+        args = lower_keys(body)
+        namespace = str(args.get("podnamespace") or "default")
+        name = str(args.get("podname") or "")
+        uid = str(args.get("poduid") or "") or None
+        node = str(args.get("node") or "")
+        key = f"{namespace}/{name}"
+        outcome, reason = "failed", "error"
+        try:
+            if not name or not node:
+                raise BindError("hami bind: PodName and Node are required")
+            await self._bind(namespace, name, uid, node)
+            outcome, reason = "success", "bound"
+            self._event_ref(namespace, name, uid, "BindingSucceed", f"bound to node {node}")
+            return {"Error": ""}
+        except BindError as exc:
+            reason = _bind_reason(str(exc))
+            _log.warning("bind failed", pod=key, node=node, error=str(exc))
+            self._event_ref(namespace, name, uid, "BindingFailed", str(exc), "Warning")
+            return {"Error": str(exc)}
+        except Exception as exc:
+            _log.exception("bind failed", pod=key, node=node)
+            self._event_ref(namespace, name, uid, "BindingFailed", repr(exc), "Warning")
+            return {"Error": f"hami bind: {exc!r}"}
+        finally:
+            self.metrics.bind_total.labels(outcome, reason).inc()
+            self.metrics.bind_seconds.labels(outcome).observe(self.clock.monotonic() - started)
+
+    async def _bind(self, namespace: str, name: str, uid: str | None, node: str) -> None:
+        key = f"{namespace}/{name}"
+        record = self.cluster.pods.get(key)
+        if record is None:
+            # Not a pod hami placed (or its decision is gone): bind without the lock.
+            await self._create_binding(namespace, name, uid, node)
+            return
+        if record.node != node:
+            raise BindError(
+                f"hami bind: pod {key} was placed on node {record.node} by filter, not {node}"
+            )
+        try:
+            await self._take_lock(node, namespace, name)
+            now = self.clock.now()
+            await patch.patch_pod_annotations(
+                self.api,
+                namespace,
+                name,
+                {
+                    keys.BIND_TIME: str(int(now.timestamp())),
+                    keys.BIND_PHASE: str(keys.BindPhase.ALLOCATING),
+                },
+            )
+            await self._create_binding(namespace, name, uid, node)
+        except BaseException as exc:
+            await self._undo_bind(namespace, name, node, record)
+            if isinstance(exc, BindError):
+                raise
+            if isinstance(exc, KubeError):
+                raise BindError(f"hami bind: pod {key} on node {node}: {exc}") from exc
+            raise
+
+    async def _create_binding(self, namespace: str, name: str, uid: str | None, node: str) -> None:
+        try:
+            await patch.bind_pod(self.api, namespace, name, uid, node)
+        except KubeError as exc:
+            raise BindError(
+                f"hami bind: creating the Binding of {namespace}/{name} failed: {exc}"
+            ) from exc
+
+    async def _undo_bind(self, namespace: str, name: str, node: str, record: PodRecord) -> None:
+        """Release our lock, mark the pod failed and drop its reservation (best effort)."""
+        key = f"{namespace}/{name}"
+        with contextlib.suppress(KubeError):
+            current = await patch.get_node(self.api, node)
+            meta = current.get("metadata") or {}
+            lock = parse_lock((meta.get("annotations") or {}).get(keys.NODE_LOCK))
+            if lock is not None and (lock.namespace, lock.pod) == (namespace, name):
+                await patch.patch_node_annotations(
+                    self.api,
+                    node,
+                    {keys.NODE_LOCK: None},
+                    resource_version=str(meta.get("resourceVersion") or "") or None,
+                )
+        with contextlib.suppress(KubeError):
+            await patch.patch_pod_annotations(
+                self.api, namespace, name, {keys.BIND_PHASE: str(keys.BindPhase.FAILED)}
+            )
+        if self.cluster.pods.get(key) == record:
+            self.cluster.release(key)
+
+    async def _take_lock(self, node: str, namespace: str, name: str) -> None:
+        """Set ``hami.io/mutex.lock`` for this pod, waiting (bounded) while another holds it."""
+        wait = self.settings.bind_lock_wait.seconds
+        expiry = timedelta(seconds=self.settings.node_lock_timeout.seconds)
+        deadline = self.clock.monotonic() + wait
+        while True:
+            changed = self._lock_changed.setdefault(node, asyncio.Event())
+            try:
+                current = await patch.get_node(self.api, node)
+            except KubeError as exc:
+                raise BindError(f"hami bind: reading node {node} failed: {exc}") from exc
+            meta = current.get("metadata") or {}
+            value = (meta.get("annotations") or {}).get(keys.NODE_LOCK)
+            holder = await self._live_holder(value, node, namespace, name, expiry)
+            if holder is not None:
+                remaining = deadline - self.clock.monotonic()
+                if remaining <= 0:
+                    raise BindError(
+                        f"hami bind: node {node} is locked by pod {holder.namespace}/{holder.pod} "
+                        f"(since {holder.time:%Y-%m-%dT%H:%M:%SZ}) and it was not released "
+                        f"within {wait:g}s; the node agent releases it after the pod's "
+                        "allocation"
+                    )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), timeout=min(remaining, 1.0))
+                continue
+            lock = NodeLock(self.clock.now(), namespace, name).encode()
+            try:
+                await patch.patch_node_annotations(
+                    self.api,
+                    node,
+                    {keys.NODE_LOCK: lock},
+                    resource_version=str(meta.get("resourceVersion") or "") or None,
+                )
+                return
+            except Conflict:
+                if self.clock.monotonic() > deadline:
+                    raise BindError(
+                        f"hami bind: node {node} kept changing; lock not taken"
+                    ) from None
+                continue
+            except KubeError as exc:
+                raise BindError(f"hami bind: locking node {node} failed: {exc}") from exc
+
+    async def _live_holder(
+        self, value: str | None, node: str, namespace: str, name: str, expiry: timedelta
+    ) -> NodeLock | None:
+        """The lock's holder if it blocks us; None when free, ours or stale."""
+        if not value:
+            return None
+        lock = parse_lock(value)
+        if lock is None:
+            _log.info("taking over a malformed node lock", node=node, lock=value)
+            return None
+        if (lock.namespace, lock.pod) == (namespace, name):
+            return None
+        if lock.is_expired(self.clock.now(), expiry):
+            _log.info("taking over a stale node lock", node=node, lock=value)
+            return None
+        try:
+            holder = await patch.get_pod(self.api, lock.namespace, lock.pod)
+        except NotFound:
+            _log.info("taking over the lock of a deleted pod", node=node, lock=value)
+            return None
+        except KubeError:
+            return lock  # cannot tell: treat as held
+        phase = (holder.get("status") or {}).get("phase")
+        if phase in ("Succeeded", "Failed"):
+            _log.info("taking over the lock of a finished pod", node=node, lock=value)
+            return None
+        return lock
+
+    # ------------------------------------------------------------------ explain
+
+    async def explain(self, namespace: str, name: str) -> Json:
+        """Why each node would (not) take a pod, from the current state."""
+        pod = await patch.get_pod(self.api, namespace, name)
+        return self.explain_pod(pod)
+
+    def explain_pod(self, pod: Mapping[str, Any]) -> Json:
+        key = pod_key(pod)
+        try:
+            request = self.parse(pod)
+        except RequestError as exc:
+            return {"pod": key, "error": str(exc), "nodes": {}}
+        if request is None:
+            return {"pod": key, "error": "the pod asks for no device hami manages", "nodes": {}}
+        reasons = self.cluster.explain(request, sorted(self.cluster.nodes))
+        annotations: Mapping[str, str] = (pod.get("metadata") or {}).get("annotations") or {}
+        return {
+            "pod": key,
+            "error": "",
+            "assigned": annotations.get(keys.VGPU_NODE, ""),
+            "nodes": {node: reason or "fits" for node, reason in reasons.items()},
+        }
+
+    # ------------------------------------------------------------------ events
+
+    def _event(
+        self, pod: Mapping[str, Any], reason: str, message: str, type_: str = "Normal"
+    ) -> None:
+        if not self.emit_events or self.api is None:
+            return
+        task = asyncio.get_running_loop().create_task(
+            events.emit_pod_event(self.api, pod, reason, message, type_)
+        )
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _event_ref(
+        self,
+        namespace: str,
+        name: str,
+        uid: str | None,
+        reason: str,
+        message: str,
+        type_: str = "Normal",
+    ) -> None:
+        ref = {"metadata": {"namespace": namespace, "name": name, "uid": uid}}
+        self._event(ref, reason, message, type_)
+
+    async def drain(self) -> None:
+        """Wait for pending Event writes (shutdown, tests)."""
+        if self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
+
+def _node_names(args: Mapping[str, Any]) -> list[str]:
+    names = args.get("nodenames")
+    if isinstance(names, list):
+        return [str(n) for n in names]
+    nodes = args.get("nodes")
+    items = nodes.get("items") if isinstance(nodes, Mapping) else None
+    if isinstance(items, list):
+        return [str((i.get("metadata") or {}).get("name")) for i in items if isinstance(i, Mapping)]
+    return []
+
+
+def _bind_reason(message: str) -> str:
+    if "is locked by" in message:
+        return "node_locked"
+    if "Binding" in message:
+        return "binding"
+    if "placed on node" in message:
+        return "wrong_node"
+    return "error"
