@@ -1,0 +1,143 @@
+"""Builders for scheduler tests against the real control plane."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import aiohttp
+
+from hami import config
+from hami.kube.raw import KubeError, request
+from hami.scheduler.role import SchedulerRole
+from hami.scheduler.service import Clock
+
+T0 = datetime(2024, 5, 20, 10, 0, 0, tzinfo=UTC)
+
+
+class FakeClock:
+    """Wall time set by the test; monotonic time is real (lock waits are bounded by it)."""
+
+    def __init__(self, start: datetime = T0) -> None:
+        self.value = start
+
+    def now(self) -> datetime:
+        return self.value
+
+    def advance(self, seconds: float) -> None:
+        self.value += timedelta(seconds=seconds)
+
+    def clock(self) -> Clock:
+        loop = asyncio.get_running_loop()
+        return Clock(now=self.now, monotonic=loop.time)
+
+
+def scheduler_config(**overrides: Any) -> config.Config:
+    raw: dict[str, Any] = {
+        "scheduler": {
+            "http": {"address": "127.0.0.1", "port": 0},
+            "webhook": {"enabled": False},
+            "bind_lock_wait": "20s",
+            **overrides,
+        },
+        "backends": {"nvidia": {"enabled": True}},
+    }
+    return config.from_mapping(raw, env={})
+
+
+@contextlib.asynccontextmanager
+async def running_scheduler(
+    api: Any, fake: FakeClock, cfg: config.Config | None = None, **kwargs: Any
+) -> AsyncIterator[SchedulerRole]:
+    role = SchedulerRole(
+        cfg or scheduler_config(), api, clock=fake.clock(), handshake_loop=False, **kwargs
+    )
+    async with role:
+        await role.wait_ready()
+        yield role
+
+
+def register(uuids: list[str], *, memory: int = 10000, count: int = 5, cores: int = 100) -> str:
+    return "".join(f"{u},{count},{memory},{cores},NVIDIA-A100-SXM4-40GB,0,true:" for u in uuids)
+
+
+async def create_node(api: Any, name: str, annotations: dict[str, str]) -> None:
+    body = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "annotations": annotations},
+    }
+    await request(api, "POST", "/api/v1/nodes", body=body)
+
+
+async def delete_nodes(api: Any, names: list[str]) -> None:
+    for name in names:
+        with contextlib.suppress(KubeError):
+            await request(api, "DELETE", f"/api/v1/nodes/{name}")
+
+
+def gpu_pod(
+    name: str,
+    *,
+    count: int = 1,
+    mem: int | None = 3000,
+    cores: int | None = None,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    limits: dict[str, str] = {"nvidia.com/gpu": str(count)}
+    if mem is not None:
+        limits["nvidia.com/gpumem"] = str(mem)
+    if cores is not None:
+        limits["nvidia.com/gpucores"] = str(cores)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": dict(annotations or {})},
+        "spec": {
+            "schedulerName": "hami-scheduler",
+            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}],
+        },
+    }
+
+
+async def create_pod(api: Any, namespace: str, pod: dict[str, Any]) -> dict[str, Any]:
+    return await request(api, "POST", f"/api/v1/namespaces/{namespace}/pods", body=pod)
+
+
+async def get_pod(api: Any, namespace: str, name: str) -> dict[str, Any]:
+    return await request(api, "GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+
+
+async def post(url: str, body: Any) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as session, session.post(url, json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        data: dict[str, Any] = await resp.json()
+        return data
+
+
+async def until(check: Callable[[], bool | Awaitable[bool]], seconds: float = 10.0) -> None:
+    """Wait for a condition that watch events make true (bounded)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while True:
+        result = check()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if loop.time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def replace_scheduler(cfg: config.Config, **changes: Any) -> config.Config:
+    return dataclasses.replace(cfg, scheduler=dataclasses.replace(cfg.scheduler, **changes))

@@ -1,0 +1,392 @@
+"""The scheduler role on the real control plane: /filter and /bind over HTTP, handshake,
+node lock, restart rebuild, metrics and explain."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import defaultdict
+from typing import Any
+
+import aiohttp
+from _sched_helpers import (
+    T0,
+    FakeClock,
+    create_node,
+    create_pod,
+    delete_nodes,
+    get_pod,
+    gpu_pod,
+    post,
+    register,
+    running_scheduler,
+    scheduler_config,
+    unique,
+    until,
+)
+
+from hami.kube import patch
+from hami.kube.raw import Conflict, KubeError, request
+from hami.protocol import decode_pod_devices, keys
+
+REPORTED = "Reported_2024-05-20 09:59:50"
+
+
+async def make_nodes(api: Any, prefix: str, n: int, devices: int = 2, **kwargs: Any) -> list[str]:
+    names = [f"{prefix}-{i}" for i in range(n)]
+    for name in names:
+        uuids = [f"GPU-{name}-{d}" for d in range(devices)]
+        await create_node(
+            api,
+            name,
+            {
+                "hami.io/node-nvidia-register": register(uuids, **kwargs),
+                "hami.io/node-handshake-nvidia": REPORTED,
+            },
+        )
+    return names
+
+
+async def test_filter_and_bind_write_the_protocol_annotations(
+    api_client: Any, namespace: str
+) -> None:
+    fake = FakeClock()
+    nodes = await make_nodes(api_client, unique("fb"), 2)
+    try:
+        async with running_scheduler(api_client, fake) as role:
+            await until(lambda: all(n in role.scheduler.cluster.nodes for n in nodes))
+            pod = await create_pod(api_client, namespace, gpu_pod("p1", mem=3000, cores=30))
+            answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": nodes})
+            assert answer["Error"] == ""
+            (chosen,) = answer["NodeNames"]
+            assert chosen == nodes[0]  # equal nodes: ties go to the name
+            stored = await get_pod(api_client, namespace, "p1")
+            ann = stored["metadata"]["annotations"]
+            device = f"GPU-{chosen}-0,NVIDIA,3000,30:;"
+            assert ann == {
+                "hami.io/vgpu-node": chosen,
+                "hami.io/vgpu-time": str(int(T0.timestamp())),
+                "hami.io/vgpu-devices-allocated": device,
+                "hami.io/vgpu-devices-to-allocate": device,
+            }
+            # bind (lower-case field names are accepted too)
+            fake.advance(5)
+            answer = await post(
+                f"{role.url}/bind",
+                {
+                    "podName": "p1",
+                    "podNamespace": namespace,
+                    "podUID": pod["metadata"]["uid"],
+                    "node": chosen,
+                },
+            )
+            assert answer == {"Error": ""}
+            stored = await get_pod(api_client, namespace, "p1")
+            assert stored["spec"]["nodeName"] == chosen
+            ann = stored["metadata"]["annotations"]
+            assert ann["hami.io/bind-phase"] == "allocating"
+            assert ann["hami.io/bind-time"] == str(int(T0.timestamp()) + 5)
+            node = await patch.get_node(api_client, chosen)
+            assert node["metadata"]["annotations"][keys.NODE_LOCK] == (
+                f"2024-05-20T10:00:05Z,{namespace},p1"
+            )
+            usage = role.scheduler.cluster.usage_snapshot()
+            assert usage[chosen] == {f"GPU-{chosen}-0": (1, 3000, 30)}
+            # a pod without managed resources passes through untouched
+            plain = {
+                "metadata": {"name": "x", "namespace": namespace},
+                "spec": {"containers": [{"name": "c", "image": "i"}]},
+            }
+            answer = await post(f"{role.url}/filter", {"pod": plain, "nodenames": nodes})
+            assert answer == {"NodeNames": nodes, "FailedNodes": {}, "Error": ""}
+            # an invalid request is an error saying what to fix
+            bad = gpu_pod("bad", mem=None)
+            bad["metadata"]["namespace"] = namespace
+            bad["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem-percentage"] = (
+                "150"
+            )
+            answer = await post(f"{role.url}/filter", {"Pod": bad, "NodeNames": nodes})
+            assert "between 1 and 100" in answer["Error"]
+            # explain, metrics, probes
+            async with aiohttp.ClientSession() as s:
+                async with s.get(
+                    f"{role.url}/explain", params={"namespace": namespace, "name": "p1"}
+                ) as r:
+                    explained = await r.json()
+                async with s.get(f"{role.url}/metrics") as r:
+                    metrics = await r.text()
+                async with s.get(f"{role.url}/readyz") as r:
+                    assert r.status == 200
+                async with s.get(f"{role.url}/healthz") as r:
+                    assert r.status == 200
+            assert explained["assigned"] == chosen
+            assert explained["nodes"][nodes[1]] == "fits"
+            assert (
+                f'hami_device_memory_allocated_mib{{model="NVIDIA-A100-SXM4-40GB",'
+                f'node="{chosen}",type="nvidia",uuid="GPU-{chosen}-0"}} 3000.0'
+            ) in metrics
+            assert 'hami_filter_total{outcome="scheduled"} 1.0' in metrics
+            assert 'hami_bind_total{outcome="success",reason="bound"} 1.0' in metrics
+            assert f'hami_node_available{{node="{chosen}",type="nvidia"}} 1.0' in metrics
+            await role.scheduler.drain()
+        events = await request(api_client, "GET", f"/api/v1/namespaces/{namespace}/events")
+        reasons = {e["reason"] for e in events["items"] if e["involvedObject"]["name"] == "p1"}
+        assert {"FilteringSucceed", "BindingSucceed"} <= reasons
+    finally:
+        await delete_nodes(api_client, nodes)
+
+
+async def release_locks(api: Any, nodes: list[str], namespace: str, stop: asyncio.Event) -> None:
+    """What the node agent does after a pod's last Allocate: phase success, lock removed."""
+    while not stop.is_set():
+        for name in nodes:
+            node = await patch.get_node(api, name)
+            meta = node["metadata"]
+            value = (meta.get("annotations") or {}).get(keys.NODE_LOCK)
+            if not value:
+                continue
+            pod_name = value.split(",")[2]
+            with contextlib.suppress(KubeError):
+                await patch.patch_pod_annotations(
+                    api, namespace, pod_name, {keys.BIND_PHASE: "success"}
+                )
+            with contextlib.suppress(Conflict):
+                await patch.patch_node_annotations(
+                    api, name, {keys.NODE_LOCK: None}, resource_version=meta["resourceVersion"]
+                )
+        await asyncio.sleep(0.02)
+
+
+async def test_concurrent_filter_and_bind_never_overcommit(api_client: Any, namespace: str) -> None:
+    fake = FakeClock()
+    # 4 nodes x 2 devices x 5 slots x 10000 MiB; 40 pods of 2000 MiB fill it exactly
+    nodes = await make_nodes(api_client, unique("cc"), 4, devices=2, memory=10000, count=5)
+    stop = asyncio.Event()
+    try:
+        async with running_scheduler(api_client, fake) as role:
+            await until(lambda: all(n in role.scheduler.cluster.nodes for n in nodes))
+            pods = await asyncio.gather(
+                *(create_pod(api_client, namespace, gpu_pod(f"p{i}", mem=2000)) for i in range(40))
+            )
+            releaser = asyncio.create_task(release_locks(api_client, nodes, namespace, stop))
+
+            async def schedule(pod: dict[str, Any]) -> str:
+                answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": nodes})
+                assert answer["Error"] == "", answer
+                (node,) = answer["NodeNames"]
+                bound = await post(
+                    f"{role.url}/bind",
+                    {
+                        "PodName": pod["metadata"]["name"],
+                        "PodNamespace": namespace,
+                        "PodUID": pod["metadata"]["uid"],
+                        "Node": node,
+                    },
+                )
+                assert bound == {"Error": ""}
+                return str(node)
+
+            placed = await asyncio.wait_for(asyncio.gather(*(schedule(p) for p in pods)), 120)
+            assert sorted(placed) == sorted(n for n in nodes for _ in range(10))
+            stop.set()
+            await releaser
+            # the invariant, from the annotations alone
+            listing = await request(api_client, "GET", f"/api/v1/namespaces/{namespace}/pods")
+            per_device: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+            for item in listing["items"]:
+                ann = item["metadata"]["annotations"]
+                assert item["spec"]["nodeName"] == ann["hami.io/vgpu-node"]
+                for container in decode_pod_devices(ann["hami.io/vgpu-devices-allocated"]):
+                    for device in container:
+                        per_device[device.uuid][0] += 1
+                        per_device[device.uuid][1] += device.memory
+            assert len(per_device) == 8
+            assert all(v == [5, 10000] for v in per_device.values()), per_device
+            # one more does not fit, and every node says why
+            extra = await create_pod(api_client, namespace, gpu_pod("extra", mem=2000))
+            answer = await post(f"{role.url}/filter", {"Pod": extra, "NodeNames": nodes})
+            assert answer["NodeNames"] == []
+            assert answer["FailedNodes"] == {n: "2/2 CardTimeSlicingExhausted" for n in nodes}
+            expected = role.scheduler.cluster.usage_snapshot()
+        # a restarted scheduler rebuilds the same usage from the API server alone
+        async with running_scheduler(api_client, FakeClock()) as again:
+            await until(
+                lambda: all(
+                    again.scheduler.cluster.usage_snapshot().get(n) == expected.get(n)
+                    for n in nodes
+                )
+            )
+            mine = {n: again.scheduler.cluster.usage_snapshot()[n] for n in nodes}
+            assert mine == {n: expected[n] for n in nodes}
+    finally:
+        stop.set()
+        await delete_nodes(api_client, nodes)
+
+
+async def test_handshake_timeout_and_recovery(api_client: Any, namespace: str) -> None:
+    fake = FakeClock()
+    nodes = await make_nodes(api_client, unique("hs"), 1)
+    (name,) = nodes
+    key = "hami.io/node-handshake-nvidia"
+    try:
+        async with running_scheduler(api_client, fake) as role:
+            cluster = role.scheduler.cluster
+            await until(lambda: name in cluster.nodes)
+            await role.scheduler.handshake_pass()
+            node = await patch.get_node(api_client, name)
+            assert node["metadata"]["annotations"][key] == "Requesting_2024-05-20 10:00:00"
+            await until(
+                lambda: (cluster.nodes[name].types["nvidia"].handshake_value or "").startswith(
+                    "Requesting"
+                )
+            )
+            pod = await create_pod(api_client, namespace, gpu_pod("p", mem=100))
+            fake.advance(60)
+            await role.scheduler.handshake_pass()  # exactly 60 s: still available
+            assert cluster.nodes[name].types["nvidia"].available
+            fake.advance(1)
+            await role.scheduler.handshake_pass()
+            node = await patch.get_node(api_client, name)
+            # a stale stamp is never refreshed
+            assert node["metadata"]["annotations"][key] == "Requesting_2024-05-20 10:00:00"
+            answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": nodes})
+            assert answer["FailedNodes"] == {name: "handshake timed out"}
+            async with (
+                aiohttp.ClientSession() as s,
+                s.get(f"{role.url}/metrics") as r,
+            ):
+                text = await r.text()
+            assert f'hami_node_available{{node="{name}",type="nvidia"}} 0.0' in text
+            # the node agent answers: available again
+            await patch.patch_node_annotations(
+                api_client, name, {key: "Reported_2024-05-20 10:01:02"}
+            )
+            await until(
+                lambda: (cluster.nodes[name].types["nvidia"].handshake_value or "").startswith(
+                    "Reported"
+                )
+            )
+            await role.scheduler.handshake_pass()
+            assert cluster.nodes[name].types["nvidia"].available
+            answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": nodes})
+            assert answer["NodeNames"] == [name]
+    finally:
+        await delete_nodes(api_client, nodes)
+
+
+async def test_malformed_register_is_a_reason_not_a_crash(api_client: Any, namespace: str) -> None:
+    fake = FakeClock()
+    name = unique("bad")
+    await create_node(
+        api_client,
+        name,
+        {
+            "hami.io/node-nvidia-register": "GPU-x,10,lots,100,M,0,true:",
+            "hami.io/node-handshake-nvidia": REPORTED,
+        },
+    )
+    try:
+        async with running_scheduler(api_client, fake) as role:
+            await until(lambda: name in role.scheduler.cluster.nodes)
+            pod = await create_pod(api_client, namespace, gpu_pod("p", mem=100))
+            answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": [name, "nope"]})
+            assert answer["NodeNames"] == []
+            assert answer["FailedNodes"]["nope"] == "node unregistered"
+            assert "invalid node register value" in answer["FailedNodes"][name]
+            assert "memory" in answer["FailedNodes"][name]
+    finally:
+        await delete_nodes(api_client, [name])
+
+
+async def test_bind_waits_for_a_live_lock_then_fails_and_rolls_back(
+    api_client: Any, namespace: str
+) -> None:
+    fake = FakeClock()
+    cfg = scheduler_config(bind_lock_wait="0.5s", node_lock_timeout="5m")
+    nodes = await make_nodes(api_client, unique("lk"), 1)
+    (name,) = nodes
+    try:
+        async with running_scheduler(api_client, fake, cfg) as role:
+            await until(lambda: name in role.scheduler.cluster.nodes)
+            holder = await create_pod(api_client, namespace, gpu_pod("holder", mem=100))
+            await patch.patch_node_annotations(
+                api_client, name, {keys.NODE_LOCK: f"2024-05-20T09:59:00Z,{namespace},holder"}
+            )
+            pod = await create_pod(api_client, namespace, gpu_pod("p", mem=100))
+            answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": nodes})
+            assert answer["NodeNames"] == [name]
+            began = asyncio.get_running_loop().time()
+            answer = await post(
+                f"{role.url}/bind",
+                {
+                    "PodName": "p",
+                    "PodNamespace": namespace,
+                    "PodUID": pod["metadata"]["uid"],
+                    "Node": name,
+                },
+            )
+            waited = asyncio.get_running_loop().time() - began
+            assert f"locked by pod {namespace}/holder" in answer["Error"]
+            assert 0.5 <= waited < 5
+            stored = await get_pod(api_client, namespace, "p")
+            assert stored["metadata"]["annotations"]["hami.io/bind-phase"] == "failed"
+            assert "nodeName" not in stored["spec"]
+            assert name not in role.scheduler.cluster.usage_snapshot()
+            node = await patch.get_node(api_client, name)
+            assert node["metadata"]["annotations"][keys.NODE_LOCK].endswith(",holder")
+            # the lock goes stale (5 min, injected clock): taken over
+            answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": nodes})
+            assert answer["NodeNames"] == [name]
+            fake.advance(6 * 60)
+            answer = await post(
+                f"{role.url}/bind",
+                {
+                    "PodName": "p",
+                    "PodNamespace": namespace,
+                    "PodUID": pod["metadata"]["uid"],
+                    "Node": name,
+                },
+            )
+            assert answer == {"Error": ""}
+            node = await patch.get_node(api_client, name)
+            assert node["metadata"]["annotations"][keys.NODE_LOCK].endswith(f",{namespace},p")
+            del holder
+            # the lock of a deleted pod is taken over at once, even when fresh
+            await request(api_client, "DELETE", f"/api/v1/namespaces/{namespace}/pods/holder")
+            q = await create_pod(api_client, namespace, gpu_pod("q", mem=100))
+            await patch.patch_node_annotations(
+                api_client,
+                name,
+                {keys.NODE_LOCK: f"{fake.now():%Y-%m-%dT%H:%M:%SZ},{namespace},holder"},
+            )
+            answer = await post(f"{role.url}/filter", {"Pod": q, "NodeNames": nodes})
+            answer = await post(
+                f"{role.url}/bind",
+                {
+                    "PodName": "q",
+                    "PodNamespace": namespace,
+                    "PodUID": q["metadata"]["uid"],
+                    "Node": name,
+                },
+            )
+            assert answer == {"Error": ""}
+            # a lock held by a live pod is waited for, and taken once released
+            r = await create_pod(api_client, namespace, gpu_pod("r", mem=100))
+            answer = await post(f"{role.url}/filter", {"Pod": r, "NodeNames": nodes})
+            cfg_wait = asyncio.create_task(
+                post(
+                    f"{role.url}/bind",
+                    {
+                        "PodName": "r",
+                        "PodNamespace": namespace,
+                        "PodUID": r["metadata"]["uid"],
+                        "Node": name,
+                    },
+                )
+            )
+            await asyncio.sleep(0.2)
+            assert not cfg_wait.done()
+            await patch.patch_node_annotations(api_client, name, {keys.NODE_LOCK: None})
+            assert await asyncio.wait_for(cfg_wait, 5) == {"Error": ""}
+    finally:
+        await delete_nodes(api_client, nodes)
