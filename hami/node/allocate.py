@@ -316,7 +316,7 @@ class Allocator:
         self.lock = asyncio.Lock()
         self.lock_timeout = lock_timeout
         self.now = now
-        self.log = _log.bind(node=node)
+        self.log = _log.bind(role="node", node=node)
 
     async def _find(self, backend: Backend) -> tuple[Pod | None, Mapping[str, Any]]:
         node = await self.kube.get_node(self.node)

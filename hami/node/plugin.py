@@ -73,7 +73,7 @@ class DevicePluginService(api_grpc.DevicePluginBase):
         self.state = state
         self.allocator = allocator
         self.metrics = metrics
-        self.log = _log.bind(node=node, backend=state.name)
+        self.log = _log.bind(role="node", node=node, backend=state.name)
 
     async def GetDevicePluginOptions(
         self, stream: Stream[api_pb2.Empty, api_pb2.DevicePluginOptions]
@@ -192,7 +192,7 @@ class PluginServer:
         self.register_timeout = register_timeout
         self.service = DevicePluginService(state, allocator, metrics, node)
         self.resource = state.backend.resources.count
-        self.log = _log.bind(node=node, backend=state.name, resource=self.resource)
+        self.log = _log.bind(role="node", node=node, backend=state.name, resource=self.resource)
         self.registered = asyncio.Event()  # set while registered with the current kubelet
         self.serving = asyncio.Event()  # set once the gRPC server listens
         self.registrations = 0

@@ -54,7 +54,7 @@ class Registrar:
         self.metrics = metrics
         self.now = now
         self.min_backoff = min(min_backoff, period)
-        self.log = _log.bind(node=node, backend=state.name)
+        self.log = _log.bind(role="node", node=node, backend=state.name)
         self.last_success: datetime | None = None
         self.failures = 0  # consecutive
 
