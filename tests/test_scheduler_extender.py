@@ -159,14 +159,14 @@ async def release_locks(api: Any, nodes: list[str], namespace: str, stop: asynci
 
 async def test_concurrent_filter_and_bind_never_overcommit(api_client: Any, namespace: str) -> None:
     fake = FakeClock()
-    # 4 nodes x 2 devices x 5 slots x 10000 MiB; 40 pods of 2000 MiB fill it exactly
-    nodes = await make_nodes(api_client, unique("cc"), 4, devices=2, memory=10000, count=5)
+    # 5 nodes x 2 devices x 5 slots x 10000 MiB; 50 pods of 2000 MiB fill it exactly
+    nodes = await make_nodes(api_client, unique("cc"), 5, devices=2, memory=10000, count=5)
     stop = asyncio.Event()
     try:
         async with running_scheduler(api_client, fake) as role:
             await until(lambda: all(n in role.scheduler.cluster.nodes for n in nodes))
             pods = await asyncio.gather(
-                *(create_pod(api_client, namespace, gpu_pod(f"p{i}", mem=2000)) for i in range(40))
+                *(create_pod(api_client, namespace, gpu_pod(f"p{i}", mem=2000)) for i in range(50))
             )
             releaser = asyncio.create_task(release_locks(api_client, nodes, namespace, stop))
 
@@ -200,7 +200,7 @@ async def test_concurrent_filter_and_bind_never_overcommit(api_client: Any, name
                     for device in container:
                         per_device[device.uuid][0] += 1
                         per_device[device.uuid][1] += device.memory
-            assert len(per_device) == 8
+            assert len(per_device) == 10
             assert all(v == [5, 10000] for v in per_device.values()), per_device
             # one more does not fit, and every node says why
             extra = await create_pod(api_client, namespace, gpu_pod("extra", mem=2000))
