@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from hami import cli
+from hami import cli, log
 from hami.kube import patch
 from hami.testkit import ControlPlane
 
@@ -25,6 +25,8 @@ def test_node_role_without_node_name_exits_2(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv("NODE_NAME", raising=False)
+    # cli.main configures logging onto capsys' stream, which closes after this test.
+    monkeypatch.setattr(log, "configure", lambda *args, **kwargs: None)
     assert cli.main(["run", "--role", "node"]) == 2
     err = capsys.readouterr().err
     assert "NODE_NAME" in err and "--node-name" in err
