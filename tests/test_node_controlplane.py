@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from hami import log
 from hami.backends.base import BackendSettings
 from hami.backends.fake import FakeBackend
 from hami.config import Config
@@ -33,11 +35,18 @@ HANDSHAKE = "hami.io/node-handshake-nvidia"
 AgentFactory = Callable[..., Awaitable[NodeAgent]]
 
 
+@pytest.fixture(autouse=True)
+def _logging_to_real_stderr() -> None:
+    """Another test's cli.main may have pointed logging at a capture stream closed since."""
+    log.configure("info", "console", stream=sys.__stderr__)
+
+
 async def wait_until(
     check: Callable[[], Awaitable[bool]],
     timeout: float = 20.0,  # noqa: ASYNC109
     what: str = "condition",
 ) -> None:
+
     try:
         async with asyncio.timeout(timeout):
             while not await check():  # noqa: ASYNC110 - polls the API server

@@ -21,6 +21,12 @@ from hami.kube import patch
 from hami.testkit import ControlPlane
 
 
+@pytest.fixture(autouse=True)
+def _logging_to_real_stderr() -> None:
+    """Another test's cli.main may have pointed logging at a capture stream closed since."""
+    log.configure("info", "console", stream=sys.__stderr__)
+
+
 def test_node_role_without_node_name_exits_2(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -8,6 +8,7 @@ import contextlib
 import os
 import shutil
 import stat
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
@@ -19,6 +20,7 @@ from grpclib.client import Channel
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server, Stream
 
+from hami import log
 from hami._proto.v1beta1 import api_grpc, api_pb2
 from hami.backends.base import BackendSettings, HealthCallback
 from hami.backends.fake import FakeBackend
@@ -35,6 +37,13 @@ from hami.node.metrics import NodeMetrics
 from hami.node.registration import Registrar
 from hami.node.state import DeviceState
 from hami.protocol import keys
+
+
+@pytest.fixture(autouse=True)
+def _logging_to_real_stderr() -> None:
+    """Another test's cli.main may have pointed logging at a capture stream closed since."""
+    log.configure("info", "console", stream=sys.__stderr__)
+
 
 NODE = "node-u"
 TO_ALLOC = "hami.io/vgpu-devices-to-allocate"

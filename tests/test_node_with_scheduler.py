@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from hami import config
+from hami import config, log
 from hami.backends.base import BackendSettings
 from hami.backends.fake import FakeBackend
 from hami.kube import patch
@@ -25,6 +26,13 @@ from hami.kube.raw import request
 from hami.node import NodeAgent
 from hami.protocol import keys
 from hami.scheduler.role import SchedulerRole
+
+
+@pytest.fixture(autouse=True)
+def _logging_to_real_stderr() -> None:
+    """Another test's cli.main may have pointed logging at a capture stream closed since."""
+    log.configure("info", "console", stream=sys.__stderr__)
+
 
 RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpucores")
 DEVICES = [{"count": 2, "model": "NVIDIA-A100-SXM4-40GB", "memory": 40960}]
