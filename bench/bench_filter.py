@@ -1,0 +1,290 @@
+"""Time the scheduler's filter on synthetic clusters and print p50/p99 and memory.
+
+    .venv/bin/python bench/bench_filter.py                 # 100, 1000, 5000 nodes
+    .venv/bin/python bench/bench_filter.py --nodes 5000 --calls 2000
+
+Each cluster has N nodes x 8 devices (split 10, A100 40 GiB and V100 32 GiB nodes), and
+running pods filling about half of the devices (some full, some shared). Requests are a
+mix of shapes: one device with memory, several devices by percentage, cores, whole
+devices, type selectors. Every call is answered against all N node names, as
+kube-scheduler sends them with ``nodeCacheCapable: true``.
+
+Figures:
+- ``decision``: ``Cluster.decide`` plus the in-memory reservation (what a filter call
+  computes); the reservation is rolled back after each call so the cluster stays steady;
+- ``filter``: ``Scheduler.filter`` on the decoded ExtenderArgs (request parsing, decision,
+  reservation, annotation values, answer), with the pod patch stubbed out;
+- ``json``: decoding the HTTP body with N node names and encoding the answer;
+- ``no fit``: a pod no node can take, so every node gets its full reason;
+- ``rss``: the process's resident memory after building the largest cluster.
+
+A benchmark, not a test: it prints figures and never fails on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import random
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hami import config
+from hami.backends.nvidia_names import NVIDIA_ALLOCATED, NVIDIA_RESOURCES, NVIDIA_TO_ALLOCATE
+from hami.core.cluster import Cluster
+from hami.core.requests import DeviceKind, parse_pod
+from hami.kube import patch
+from hami.protocol import ContainerDevice, encode_pod_devices
+from hami.scheduler.service import Scheduler
+
+KIND = DeviceKind("nvidia", "NVIDIA", NVIDIA_RESOURCES, NVIDIA_ALLOCATED, NVIDIA_TO_ALLOCATE)
+DEVICES = 8
+SPLIT = 10
+MODELS = (("NVIDIA-A100-SXM4-40GB", 40960), ("NVIDIA-Tesla V100-PCIE-32GB", 32768))
+NOW_STAMP = "Reported_2024-05-20 10:00:00"
+
+
+def rss_mib() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def build(scheduler: Scheduler, nodes: int, seed: int) -> int:
+    """Nodes with register annotations, and running pods on about half of the devices."""
+    rng = random.Random(seed)
+    pods = 0
+    for n in range(nodes):
+        name = f"node-{n:05d}"
+        model, memory = MODELS[n % 2]
+        uuids = [f"GPU-{n:05d}-{d}" for d in range(DEVICES)]
+        value = "".join(
+            f"{u},{SPLIT},{memory},100,{model},{d // 4},true:" for d, u in enumerate(uuids)
+        )
+        scheduler.on_node(
+            "ADDED",
+            {
+                "metadata": {
+                    "name": name,
+                    "resourceVersion": "1",
+                    "annotations": {
+                        "hami.io/node-nvidia-register": value,
+                        "hami.io/node-handshake-nvidia": NOW_STAMP,
+                    },
+                }
+            },
+        )
+        for d in rng.sample(range(DEVICES), DEVICES // 2):
+            shape = rng.random()
+            if shape < 0.25:  # a whole device
+                holds = [(memory, 100)]
+            elif shape < 0.5:  # nearly full
+                holds = [(memory // 2, 40), (memory // 2 - 1024, 40)]
+            else:  # shared by a few
+                holds = [
+                    (rng.choice((2048, 4096, 8192)), rng.choice((0, 10, 20)))
+                    for _ in range(rng.randint(1, 4))
+                ]
+            for mem, cores in holds:
+                pods += 1
+                entry = [[ContainerDevice(uuids[d], "NVIDIA", mem, cores)]]
+                scheduler.on_pod(
+                    "ADDED",
+                    {
+                        "metadata": {
+                            "name": f"run-{pods}",
+                            "namespace": "bench",
+                            "uid": f"uid-{pods}",
+                            "annotations": {
+                                "hami.io/vgpu-node": name,
+                                "hami.io/vgpu-devices-allocated": encode_pod_devices(entry),
+                                "hami.io/bind-phase": "success",
+                            },
+                        },
+                        "spec": {"nodeName": name, "containers": [{"name": "c"}]},
+                        "status": {"phase": "Running"},
+                    },
+                )
+    return pods
+
+
+def request_pods() -> list[dict[str, Any]]:
+    def pod(i: int, limits: dict[str, str], annotations: dict[str, str] | None = None) -> Any:
+        return {
+            "metadata": {
+                "name": f"new-{i}",
+                "namespace": "bench",
+                "uid": f"new-{i}",
+                "annotations": annotations or {},
+            },
+            "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]},
+        }
+
+    return [
+        pod(0, {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4000"}),
+        pod(1, {"nvidia.com/gpu": "2", "nvidia.com/gpumem-percentage": "30"}),
+        pod(2, {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8000", "nvidia.com/gpucores": "50"}),
+        pod(3, {"nvidia.com/gpu": "1"}),  # whole memory of an idle-enough device
+        pod(4, {"nvidia.com/gpu": "4", "nvidia.com/gpumem": "2000"}),
+        pod(
+            5,
+            {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"},
+            {"nvidia.com/use-gputype": "a100"},
+        ),
+        pod(
+            6,
+            {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"},
+            {"hami.io/node-scheduler-policy": "spread"},
+        ),
+        pod(
+            7,
+            {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "6000", "nvidia.com/gpucores": "30"},
+            {"nvidia.com/numa-bind": "true"},
+        ),
+    ]
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def show(label: str, samples: list[float]) -> str:
+    ms = [s * 1000 for s in samples]
+    return (
+        f"{label:9s} p50 {percentile(ms, 0.5):7.3f} ms  p99 {percentile(ms, 0.99):7.3f} ms"
+        f"  mean {statistics.fmean(ms):7.3f} ms"
+    )
+
+
+def timed(fn: Callable[[], Any], calls: int) -> list[float]:
+    samples: list[float] = []
+    for _ in range(calls):
+        began = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - began)
+    return samples
+
+
+async def run(nodes: int, calls: int, policy: str, seed: int) -> dict[str, Any]:
+    cfg = config.from_mapping({"scheduler": {"node_policy": policy}}, env={})
+    scheduler = Scheduler(cfg.scheduler, [KIND], api=object(), emit_events=False)
+    began = time.perf_counter()
+    pods = build(scheduler, nodes, seed)
+    built = time.perf_counter() - began
+    scheduler.nodes_synced.set()
+    scheduler.pods_synced.set()
+    cluster: Cluster = scheduler.cluster
+    names = sorted(cluster.nodes)
+    shapes = request_pods()
+    requests = [parse_pod(p, [KIND]) for p in shapes]
+    rng = random.Random(seed)
+    gc.collect()
+
+    outcomes = {"fit": 0, "nofit": 0}
+
+    def decision() -> None:
+        index = rng.randrange(len(requests))
+        request = requests[index]
+        assert request is not None
+        result = cluster.decide(request, names)
+        if result.node is not None and result.fit is not None:
+            outcomes["fit"] += 1
+            key = f"bench/new-{index}"
+            previous = cluster.reserve(key, key, result.node, result.fit)
+            cluster.rollback(key, previous)
+        else:
+            outcomes["nofit"] += 1
+
+    decision_samples = timed(decision, calls)
+
+    async def no_patch(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {}
+
+    original = patch.patch_pod_annotations
+    patch.patch_pod_annotations = no_patch
+    filter_samples: list[float] = []
+    try:
+        for _ in range(calls):
+            shape = rng.choice(shapes)
+            body = {"Pod": shape, "NodeNames": names}
+            began_call = time.perf_counter()
+            answer = await scheduler.filter(body)
+            filter_samples.append(time.perf_counter() - began_call)
+            assert answer["Error"] == "", answer
+            chosen = answer["NodeNames"]
+            if chosen:
+                key = f"bench/{shape['metadata']['name']}"
+                cluster.release(key)
+    finally:
+        patch.patch_pod_annotations = original
+
+    impossible = parse_pod(
+        {
+            "metadata": {"name": "huge"},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "c",
+                        "resources": {
+                            "limits": {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "50000"}
+                        },
+                    }
+                ]
+            },
+        },
+        [KIND],
+    )
+    assert impossible is not None
+    nofit_samples = timed(lambda: cluster.decide(impossible, names), max(10, calls // 50))
+    raw = json.dumps({"Pod": shapes[0], "NodeNames": names}).encode()
+    json_samples = timed(
+        lambda: json.dumps(
+            {"NodeNames": [json.loads(raw)["NodeNames"][0]], "FailedNodes": {}, "Error": ""}
+        ),
+        min(calls, 300),
+    )
+    return {
+        "nodes": nodes,
+        "policy": policy,
+        "pods": pods,
+        "build_s": built,
+        "decision": decision_samples,
+        "filter": filter_samples,
+        "json": json_samples,
+        "nofit": nofit_samples,
+        "outcomes": outcomes,
+        "rss": rss_mib(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, nargs="*", default=[100, 1000, 5000])
+    parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--policy", nargs="*", default=["binpack", "spread"])
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    for nodes in args.nodes:
+        for policy in args.policy:
+            result = asyncio.run(run(nodes, args.calls, policy, args.seed))
+            print(
+                f"== {nodes} nodes x {DEVICES} devices, node policy {policy}: "
+                f"{result['pods']} running pods, built in {result['build_s']:.1f}s, "
+                f"{result['outcomes']['fit']}/{args.calls} decisions fit"
+            )
+            print("  " + show("decision", result["decision"]))
+            print("  " + show("filter", result["filter"]))
+            print("  " + show("json", result["json"]))
+            print("  " + show("no fit", result["nofit"]) + "  (every node's reason)")
+            print(f"  rss       {result['rss']:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
