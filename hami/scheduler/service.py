@@ -259,7 +259,7 @@ class Scheduler:
                 for code in reason_codes(reason):
                     self.metrics.node_rejections.labels(code).inc()
             message = summarise_failures(decision.failed)
-            _log.info("no node fits", pod=key, summary=message)
+            _log.debug("no node fits", pod=key, summary=message)
             self._event(pod, "FilteringFailed", message, "Warning")
             return {"NodeNames": [], "FailedNodes": decision.failed, "Error": ""}, "unschedulable"
         meta = pod.get("metadata") or {}
