@@ -192,6 +192,17 @@ async def test_http_edge_cases(monkeypatch: pytest.MonkeyPatch) -> None:
                 "FailedNodes": {"a": "node unregistered"},
                 "Error": "",
             }
+            # nodeCacheCapable false: full Nodes in, full Nodes out
+            plain = {"metadata": {"name": "x"}, "spec": {"containers": [{"name": "c"}]}}
+            nodes = {
+                "apiVersion": "v1",
+                "kind": "NodeList",
+                "items": [{"metadata": {"name": "a"}}, {"metadata": {"name": "b"}}],
+            }
+            async with s.post(f"{url}/filter", json={"Pod": plain, "Nodes": nodes}) as r:
+                answer = await r.json()
+            assert answer["NodeNames"] == ["a", "b"]
+            assert answer["Nodes"] == nodes
             async with s.post(f"{url}/bind", json={"PodName": ""}) as r:
                 assert r.status == 200
                 assert "required" in (await r.json())["Error"]

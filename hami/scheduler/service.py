@@ -249,7 +249,9 @@ class Scheduler:
         except RequestError as exc:
             return {"NodeNames": [], "FailedNodes": {}, "Error": str(exc)}, "error"
         if request is None:
-            return {"NodeNames": names, "FailedNodes": {}, "Error": ""}, "passthrough"
+            return _with_nodes(
+                args, {"NodeNames": names, "FailedNodes": {}, "Error": ""}, names
+            ), "passthrough"
         began = time.perf_counter()
         decision = self.cluster.decide(request, names)
         fit = decision.fit
@@ -290,7 +292,8 @@ class Scheduler:
         )
         _log.debug("pod placed", pod=key, node=decision.node, devices=devices)
         self._event(pod, "FilteringSucceed", f"node {decision.node} chosen, devices {devices}")
-        return {"NodeNames": [decision.node], "FailedNodes": {}, "Error": ""}, "scheduled"
+        answer = {"NodeNames": [decision.node], "FailedNodes": {}, "Error": ""}
+        return _with_nodes(args, answer, [decision.node]), "scheduled"
 
     def _decision_annotations(
         self, pod: Mapping[str, Any], node: str, assignment: Mapping[str, Any]
@@ -545,6 +548,20 @@ def _node_names(args: Mapping[str, Any]) -> list[str]:
     if isinstance(items, list):
         return [str((i.get("metadata") or {}).get("name")) for i in items if isinstance(i, Mapping)]
     return []
+
+
+def _with_nodes(args: Mapping[str, Any], answer: Json, chosen: Sequence[str]) -> Json:
+    """With ``nodeCacheCapable: false`` kube-scheduler sends and reads full ``Nodes``."""
+    nodes = args.get("nodes")
+    if args.get("nodenames") is None and isinstance(nodes, Mapping):
+        wanted = set(chosen)
+        items = [
+            item
+            for item in nodes.get("items") or []
+            if isinstance(item, Mapping) and (item.get("metadata") or {}).get("name") in wanted
+        ]
+        answer["Nodes"] = {**nodes, "items": items}
+    return answer
 
 
 def _bind_reason(message: str) -> str:
