@@ -1,0 +1,169 @@
+"""hami.kube against the real kube-apiserver: patches, conflicts, bind, events, reflector."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from hami.kube import patch
+from hami.kube.events import emit_pod_event
+from hami.kube.raw import JSON, Conflict, Gone, KubeError, NotFound, annotations_of, request
+from hami.kube.reflector import Reflector, object_key
+
+pytestmark = pytest.mark.controlplane
+
+
+def _pod(name: str, namespace: str, node: str | None = None) -> JSON:
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "busybox"}]}
+    if node:
+        spec["nodeName"] = node
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+async def _node(api: Any, name: str) -> JSON:
+    body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+    return await request(api, "POST", "/api/v1/nodes", body=body)
+
+
+async def _eventually(check: Callable[[], bool], within: float = 10.0) -> None:
+    async with asyncio.timeout(within):
+        while not check():  # noqa: ASYNC110 - polling state the API server changes
+            await asyncio.sleep(0.05)
+
+
+async def test_merge_patch_sets_and_deletes_annotations(api_client: Any) -> None:
+    name = f"n-{uuid.uuid4().hex[:8]}"
+    await _node(api_client, name)
+    try:
+        await patch.patch_node_annotations(api_client, name, {"a": "1", "b": "2"})
+        node = await patch.patch_node_annotations(api_client, name, {"a": None})
+        assert annotations_of(node) == {"b": "2"}
+    finally:
+        await request(api_client, "DELETE", f"/api/v1/nodes/{name}")
+
+
+async def test_resource_version_guard_raises_conflict(api_client: Any) -> None:
+    name = f"n-{uuid.uuid4().hex[:8]}"
+    created = await _node(api_client, name)
+    stale = created["metadata"]["resourceVersion"]
+    try:
+        await patch.patch_node_annotations(api_client, name, {"x": "first"}, stale)
+        with pytest.raises(Conflict):
+            await patch.patch_node_annotations(api_client, name, {"x": "second"}, stale)
+        assert annotations_of(await patch.get_node(api_client, name))["x"] == "first"
+    finally:
+        await request(api_client, "DELETE", f"/api/v1/nodes/{name}")
+
+
+async def test_missing_objects_raise_not_found(api_client: Any) -> None:
+    with pytest.raises(NotFound):
+        await patch.get_pod(api_client, "default", "no-such-pod")
+
+
+async def test_bind_and_event(api_client: Any, namespace: str) -> None:
+    node = f"n-{uuid.uuid4().hex[:8]}"
+    await _node(api_client, node)
+    try:
+        created = await request(
+            api_client, "POST", f"/api/v1/namespaces/{namespace}/pods", body=_pod("p", namespace)
+        )
+        uid = created["metadata"]["uid"]
+        await patch.bind_pod(api_client, namespace, "p", uid, node)
+        bound = await patch.get_pod(api_client, namespace, "p")
+        assert bound["spec"]["nodeName"] == node
+        with pytest.raises(KubeError):  # a pod binds once
+            await patch.bind_pod(api_client, namespace, "p", uid, node)
+        assert await emit_pod_event(api_client, bound, "FilteringSucceed", "chose " + node)
+        events = await request(api_client, "GET", f"/api/v1/namespaces/{namespace}/events")
+        assert [(e["reason"], e["involvedObject"]["name"]) for e in events["items"]] == [
+            ("FilteringSucceed", "p")
+        ]
+        listed = await patch.list_pods(api_client, field_selector=f"spec.nodeName={node}")
+        assert [object_key(p) for p in listed] == [f"{namespace}/p"]
+    finally:
+        await request(api_client, "DELETE", f"/api/v1/nodes/{node}")
+
+
+async def test_reflector_lists_watches_and_reports_deletes(api_client: Any, namespace: str) -> None:
+    seen: dict[str, JSON] = {}
+    log: list[tuple[str, str]] = []
+
+    def handler(kind: str, obj: JSON) -> None:
+        key = object_key(obj)
+        log.append((kind, key))
+        if kind == "DELETED":
+            seen.pop(key, None)
+        else:
+            seen[key] = obj
+
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    await request(api_client, "POST", pods, body=_pod("before", namespace))
+    reflector = Reflector(api_client, pods, handler, name="test")
+    task = asyncio.create_task(reflector.run())
+    try:
+        await asyncio.wait_for(reflector.synced.wait(), 10)
+        assert set(seen) == {f"{namespace}/before"}
+        await request(api_client, "POST", pods, body=_pod("after", namespace))
+        await _eventually(lambda: f"{namespace}/after" in seen)
+        await patch.patch_pod_annotations(api_client, namespace, "after", {"k": "v"})
+        await _eventually(lambda: annotations_of(seen[f"{namespace}/after"]).get("k") == "v")
+        await request(api_client, "DELETE", f"{pods}/before", query=[("gracePeriodSeconds", 0)])
+        await _eventually(lambda: f"{namespace}/before" not in seen)
+        before = len(log)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # Objects deleted while the reflector was down still arrive as DELETED on re-list.
+        await request(api_client, "DELETE", f"{pods}/after", query=[("gracePeriodSeconds", 0)])
+        task = asyncio.create_task(reflector.run())
+        await _eventually(lambda: f"{namespace}/after" not in seen)
+        assert ("DELETED", f"{namespace}/after") in log[before:]
+        assert seen == {}
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+async def test_reflector_relists_after_gone(api_client: Any, namespace: str) -> None:
+    kinds: list[str] = []
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    reflector = Reflector(api_client, pods, lambda kind, obj: kinds.append(kind), name="gone")
+    # The API server's way of saying a watch version was compacted away.
+    with pytest.raises(Gone):
+        reflector._on_line(b'{"type":"ERROR","object":{"kind":"Status","code":410}}')
+    await request(api_client, "POST", pods, body=_pod("a", namespace))
+    lists = 0
+    real_list, real_watch = reflector._list, reflector._watch
+
+    async def counting_list() -> None:
+        nonlocal lists
+        lists += 1
+        await real_list()
+
+    async def watch_gone_once() -> None:
+        if lists == 1:
+            raise Gone(410, "Gone", "too old resource version", pods)
+        await real_watch()
+
+    reflector._list = counting_list  # type: ignore[method-assign]
+    reflector._watch = watch_gone_once  # type: ignore[method-assign]
+    task = asyncio.create_task(reflector.run())
+    try:
+        await _eventually(lambda: lists == 2)
+        await request(api_client, "POST", pods, body=_pod("b", namespace))
+        await _eventually(lambda: kinds.count("ADDED") == 2)
+        assert kinds == ["ADDED", "ADDED"]  # the re-list repeated nothing
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
