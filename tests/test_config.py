@@ -96,3 +96,13 @@ def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
     broken.write_text("node: [unclosed\n")
     with pytest.raises(config.ConfigError, match="not valid YAML"):
         config.load(broken, env={})
+
+
+def test_reference_config_backend_sections_are_accepted_by_their_backends() -> None:
+    # Option names in config/hami.yaml must be the ones the backends read.
+    from hami.backends import registry
+
+    shipped = config.load(ROOT / "config" / "hami.yaml", env={})
+    for name, section in shipped.backends.items():
+        backend = registry.create(name, section.settings(name))
+        assert backend.settings.split_count == section.split_count
