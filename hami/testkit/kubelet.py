@@ -679,17 +679,18 @@ class KubeletEmulator:
                     )
         except Exception as exc:
             self._release(adm.uid)
-            adm.phase, adm.reason = "Failed", UNEXPECTED_ADMISSION_ERROR
             detail = str(exc) if isinstance(exc, _AdmissionError) else repr(exc)
-            adm.message = f"Allocate failed due to {detail}, which is unexpected"
+            phase = "Failed"
+            reason: str | None = UNEXPECTED_ADMISSION_ERROR
+            message: str | None = f"Allocate failed due to {detail}, which is unexpected"
             status: dict[str, Any] = {
-                "phase": "Failed",
-                "reason": adm.reason,
-                "message": adm.message,
+                "phase": phase,
+                "reason": reason,
+                "message": message,
                 "startTime": _now(),
             }
         else:
-            adm.phase = "Running"
+            phase, reason, message = "Running", None, None
             status = self._running_status(spec)
         try:
             await _json(
@@ -704,7 +705,10 @@ class KubeletEmulator:
         except KubeApiError as exc:
             if exc.status != 404:
                 raise
-        await self._notify()
+        finally:
+            # only now: waiters look at the pod once its status is written
+            adm.phase, adm.reason, adm.message = phase, reason, message
+            await self._notify()
 
     async def _allocate(
         self,
