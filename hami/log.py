@@ -16,9 +16,23 @@ _LEVELS = {
 }
 
 
+class _CurrentStderr:
+    """Writes to whatever ``sys.stderr`` is now, not what it was at configure time
+    (pytest and daemons swap it; a captured stream may be closed later)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
 def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = None) -> None:
     """Set up structlog (and stdlib logging, for libraries) once per process."""
-    out = stream or sys.stderr
+    out: Any = stream or _CurrentStderr()
     as_json = fmt == "json" or (fmt == "auto" and not out.isatty())
     numeric = _LEVELS.get(level.lower(), logging.INFO)
     renderer: Any = (
