@@ -106,6 +106,9 @@ def test_choose_pod_prefers_lock_then_oldest_bind_time() -> None:
     assert choose_pod(NODE, TO_ALLOC, a, [a, b, c]) is a
     assert choose_pod(NODE, TO_ALLOC, c, [c]) is None
     assert choose_pod(NODE, TO_ALLOC, None, [pod("d", "x", node="other")]) is None
+    # Done with this type (waiting for another type's Allocate): not a candidate.
+    done = pod("e", ";", bind_time="1")
+    assert choose_pod(NODE, TO_ALLOC, done, [done, b]) is b
 
 
 def test_plan_two_containers_then_done(tmp_path: Path) -> None:

@@ -80,14 +80,28 @@ def is_pending_for(pod: Pod, node: str, to_allocate_key: str) -> bool:
     )
 
 
+def has_work(pod: Pod, to_allocate_key: str) -> bool:
+    """The value still has an entry for this backend, or is malformed (to be failed). A pod
+    whose entries of this type are all done waits only for another type's Allocate."""
+    try:
+        entries = decode_pod_devices(_annotations(pod).get(to_allocate_key, ""))
+    except ProtocolError:
+        return True
+    return first_pending_entry(entries) is not None
+
+
+def is_candidate(pod: Pod, node: str, to_allocate_key: str) -> bool:
+    return is_pending_for(pod, node, to_allocate_key) and has_work(pod, to_allocate_key)
+
+
 def choose_pod(
     node: str, to_allocate_key: str, lock_pod: Pod | None, candidates: Sequence[Pod]
 ) -> Pod | None:
     """The pod being started: the lock's pod if it is pending here, else the oldest pending
     pod by ``hami.io/bind-time`` (then creation time, then name)."""
-    if lock_pod is not None and is_pending_for(lock_pod, node, to_allocate_key):
+    if lock_pod is not None and is_candidate(lock_pod, node, to_allocate_key):
         return lock_pod
-    pending = [p for p in candidates if is_pending_for(p, node, to_allocate_key)]
+    pending = [p for p in candidates if is_candidate(p, node, to_allocate_key)]
     if not pending:
         return None
     return min(
@@ -328,7 +342,7 @@ class Allocator:
             except Exception as exc:
                 if not self.kube.is_not_found(exc):
                     raise
-        if lock_pod is not None and is_pending_for(lock_pod, self.node, backend.to_allocate_key):
+        if lock_pod is not None and is_candidate(lock_pod, self.node, backend.to_allocate_key):
             return lock_pod, node
         candidates = await self.kube.list_pods(f"spec.nodeName={self.node},status.phase=Pending")
         return choose_pod(self.node, backend.to_allocate_key, lock_pod, candidates), node
