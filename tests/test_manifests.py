@@ -1,0 +1,161 @@
+"""The deploy manifests in docker/manifests against the real API server (server-side dry-run).
+
+Schema mistakes, unknown fields (strict field validation) and bad references to config
+fail here instead of in an operator's cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hami import config
+from hami.backends import registry
+from hami.kube.raw import Conflict, request
+
+pytestmark = pytest.mark.controlplane
+
+MANIFESTS = Path(__file__).resolve().parents[1] / "docker" / "manifests"
+APPLY_PATCH = "application/apply-patch+yaml"
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}
+
+# A stand-in for the Prometheus Operator's CRD, so the optional ServiceMonitor is checked too.
+SERVICE_MONITOR_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+    "spec": {
+        "group": "monitoring.coreos.com",
+        "scope": "Namespaced",
+        "names": {
+            "plural": "servicemonitors",
+            "singular": "servicemonitor",
+            "kind": "ServiceMonitor",
+        },
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def _documents() -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for path in sorted(MANIFESTS.glob("*.yaml")):
+        docs += [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+    return docs
+
+
+def _collection_path(doc: dict[str, Any]) -> str:
+    group_version = doc["apiVersion"]
+    base = f"/api/{group_version}" if "/" not in group_version else f"/apis/{group_version}"
+    plural = doc["kind"].lower() + "s"
+    if doc["kind"] in CLUSTER_SCOPED:
+        return f"{base}/{plural}"
+    return f"{base}/namespaces/{doc['metadata']['namespace']}/{plural}"
+
+
+async def _ensure(api: Any, path: str, body: dict[str, Any]) -> None:
+    with contextlib.suppress(Conflict):  # already there from an earlier test
+        await request(api, "POST", path, body=body)
+
+
+async def test_every_manifest_passes_server_side_dry_run(api_client: Any) -> None:
+    docs = _documents()
+    kinds = {doc["kind"] for doc in docs}
+    assert {
+        "Deployment",
+        "DaemonSet",
+        "ClusterRole",
+        "MutatingWebhookConfiguration",
+        "Service",
+        "ServiceMonitor",
+        "ConfigMap",
+    } <= kinds
+    # Namespaced objects need their namespace to exist even in a dry run.
+    await _ensure(
+        api_client,
+        "/api/v1/namespaces",
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "hami-system"}},
+    )
+    await _ensure(
+        api_client, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", SERVICE_MONITOR_CRD
+    )
+    for doc in docs:
+        if doc["kind"] == "ServiceMonitor":
+            await _wait_for_crd(api_client)
+        # Server-side apply, as `kubectl apply --server-side --dry-run=server` does.
+        query = [("dryRun", "All"), ("fieldValidation", "Strict"), ("fieldManager", "hami-test")]
+        path = f"{_collection_path(doc)}/{doc['metadata']['name']}"
+        created = await request(
+            api_client, "PATCH", path, body=doc, query=query, content_type=APPLY_PATCH
+        )
+        assert created["kind"] == doc["kind"], created
+        assert created["metadata"]["name"] == doc["metadata"]["name"]
+
+
+async def _wait_for_crd(api: Any) -> None:
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" + (
+        "servicemonitors.monitoring.coreos.com"
+    )
+    async with asyncio.timeout(20):
+        while True:
+            crd = await request(api, "GET", path)
+            conditions = (crd.get("status") or {}).get("conditions") or []
+            if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+                # Discovery of the new group can lag the condition a little.
+                await asyncio.sleep(0.5)
+                return
+            await asyncio.sleep(0.2)
+
+
+def test_embedded_configs_are_valid_and_complete() -> None:
+    maps = {d["metadata"]["name"]: d for d in _documents() if d["kind"] == "ConfigMap"}
+    hami_cfg = config.from_mapping(yaml.safe_load(maps["hami-config"]["data"]["hami.yaml"]), env={})
+    sched = yaml.safe_load(maps["hami-kube-scheduler"]["data"]["kube-scheduler.yaml"])
+    assert sched["profiles"][0]["schedulerName"] == hami_cfg.scheduler.scheduler_name
+    (extender,) = sched["extenders"]
+    assert extender["urlPrefix"].endswith(f":{hami_cfg.scheduler.http.port}")
+    assert (extender["filterVerb"], extender["bindVerb"]) == ("filter", "bind")
+    managed = {r["name"] for r in extender["managedResources"] if r["ignoredByScheduler"]}
+    # Every built-in hardware backend's resources are routed to the extender.
+    for name in ("nvidia", "mlu"):
+        backend = registry.create(name, hami_cfg.backends[name].settings(name))
+        assert set(backend.resources.all()) <= managed, name
+
+
+def test_workloads_use_the_ports_and_files_the_config_names() -> None:
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in _documents()}
+    maps = docs[("ConfigMap", "hami-config")]
+    hami_cfg = config.from_mapping(yaml.safe_load(maps["data"]["hami.yaml"]), env={})
+    scheduler = docs[("Deployment", "hami-scheduler")]["spec"]["template"]["spec"]
+    hami = next(c for c in scheduler["containers"] if c["name"] == "hami")
+    ports = {p["name"]: p["containerPort"] for p in hami["ports"]}
+    assert ports == {
+        "http": hami_cfg.scheduler.http.port,
+        "webhook": hami_cfg.scheduler.webhook.port,
+    }
+    mounts = {m["mountPath"] for m in hami["volumeMounts"]}
+    assert str(Path(hami_cfg.scheduler.webhook.cert_file).parent) in mounts
+    node = docs[("DaemonSet", "hami-node")]["spec"]["template"]["spec"]
+    agent = node["containers"][0]
+    env = {e["name"]: e for e in agent["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    node_mounts = {m["mountPath"] for m in agent["volumeMounts"]}
+    assert {hami_cfg.node.device_plugin_dir, "/usr/local/vgpu", "/tmp/vgpulock"} <= node_mounts
+    assert {p["containerPort"] for p in agent["ports"]} == {hami_cfg.node.http.port}
