@@ -4,8 +4,10 @@ node and scheduler roles rely on (watch, merge patch, Binding), plus kube-schedu
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -87,6 +89,27 @@ def test_stop_leaves_no_process_behind() -> None:
         workdir = plane.workdir
     assert not any(_alive(pid) for pid in pids if pid is not None)
     assert not workdir.exists()
+
+
+@pytest.mark.controlplane
+def test_compacted_history_makes_old_watches_expire() -> None:
+    with ControlPlane(extra_apiserver_args=["--watch-cache=false"]) as plane:
+        ctx = plane.ssl_context()
+        url = f"{plane.server}/api/v1/namespaces/default/configmaps"
+        versions = []
+        for name in ("c0", "c1", "c2"):
+            body = json.dumps({"metadata": {"name": name}}).encode()
+            req = urllib.request.Request(
+                url, data=body, headers={"Content-Type": "application/json"}
+            )
+            with urllib.request.urlopen(req, context=ctx) as resp:
+                versions.append(json.loads(resp.read())["metadata"]["resourceVersion"])
+        version = versions[0]
+        assert plane.compact_etcd() >= int(versions[-1])
+        watch_url = f"{url}?watch=1&resourceVersion={version}&timeoutSeconds=5"
+        with urllib.request.urlopen(watch_url, context=ctx) as resp:
+            event = json.loads(resp.readline())
+        assert event["type"] == "ERROR" and event["object"]["code"] == 410
 
 
 def _node(name: str) -> dict[str, Any]:

@@ -333,6 +333,14 @@ def _wait_ready(proc: ManagedProcess, url: str, ctx: ssl.SSLContext | None, time
     raise proc.fail(f"not ready after {timeout:.0f}s at {url} (last answer: {last})")
 
 
+def _post_json(url: str, body: Mapping[str, Any]) -> Any:
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
 # --------------------------------------------------------------------------- scheduler
 
 
@@ -547,6 +555,20 @@ class ControlPlane:
         self.apiserver = ManagedProcess("kube-apiserver", argv, d / "kube-apiserver.log")
         self.apiserver.start()
         _wait_ready(self.apiserver, f"{self.server}/readyz", self.ssl_context(), timeout)
+
+    def compact_etcd(self) -> int:
+        """Compact etcd's history up to its current revision (what kube-apiserver does every
+        5 minutes); returns that revision. A later watch from an older resourceVersion then
+        ends with a 410 Expired ERROR event, but only when the API server was started with
+        `--watch-cache=false`: with the watch cache on, kube-apiserver serves old versions
+        from its cache and answers 410 only once they fall out of the cache's window."""
+        key = base64.b64encode(b"\0").decode()
+        rng = _post_json(
+            f"{self.etcd_url}/v3/kv/range", {"key": key, "range_end": key, "count_only": True}
+        )
+        revision = int(rng["header"]["revision"])
+        _post_json(f"{self.etcd_url}/v3/kv/compaction", {"revision": revision, "physical": True})
+        return revision
 
     def ssl_context(self) -> ssl.SSLContext:
         """A client TLS context: trusts the CA and presents the admin certificate."""
