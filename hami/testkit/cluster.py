@@ -1,0 +1,737 @@
+"""A whole local cluster in one process: for the end-to-end tests and ``hami demo``.
+
+    async with LocalCluster(nodes=DEMO_NODES, timing=Timing.fast()) as cluster:
+        cluster.kubeconfig                # the control plane's kubeconfig
+        cluster.role                      # the hami scheduler role (extender on role.url)
+        cluster.nodes["gpu-a"].kubelet    # KubeletEmulator: recorded Allocate answers
+        await cluster.create_pod(gpu_pod("p", [limits(count=1, mem=3000)]))
+        pod = await cluster.wait_pod("p", running=True)
+
+What runs: etcd + kube-apiserver (started here, or an existing ``ControlPlane`` passed in),
+the hami scheduler role on a fixed free port (so it can be restarted where kube-scheduler
+expects it), a kube-scheduler whose profile ``hami-scheduler`` uses the role as its
+extender (filter + bind, every backend resource ``ignoredByScheduler``), and one simulated
+GPU node per ``NodeSpec``: a ``NodeAgent`` with the ``fake`` backend and a
+``KubeletEmulator`` in a short directory under /tmp. Every node carries the label
+``hami.io/local-cluster: <id>`` and pods built by ``gpu_pod`` select it, so other nodes the
+same API server may hold never take them.
+
+Periods are injectable (``Timing``): the tests run the handshake with a 3 s timeout and
+kube-scheduler with a 1 s pod back-off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hami import config, log
+from hami.backends.base import BackendSettings
+from hami.backends.fake import FakeBackend
+from hami.kube.raw import KubeError, NotFound, request
+from hami.node.agent import NodeAgent
+from hami.protocol import ContainerDevice, decode_pod_devices
+from hami.scheduler.role import SchedulerRole
+from hami.testkit.controlplane import ControlPlane, SchedulerProcess, api_client, free_port
+from hami.testkit.kubelet import KubeletEmulator
+
+_log = log.get(__name__)
+
+CLUSTER_LABEL = "hami.io/local-cluster"
+SCHEDULER_NAME = "hami-scheduler"
+ALLOCATED = "hami.io/vgpu-devices-allocated"
+TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+# --------------------------------------------------------------------------- specs
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One simulated GPU node: fake device groups (count, model, memory MiB, numa)."""
+
+    name: str
+    devices: tuple[Mapping[str, Any], ...]
+    split_count: int = 10
+
+    @property
+    def device_count(self) -> int:
+        return sum(int(group.get("count", 1)) for group in self.devices)
+
+
+#: Three nodes of different models and sizes (the demo's and the e2e tests' cluster).
+DEMO_NODES: tuple[NodeSpec, ...] = (
+    NodeSpec("gpu-a100", ({"count": 2, "model": "NVIDIA-A100-SXM4-40GB", "memory": 40960},)),
+    NodeSpec("gpu-v100", ({"count": 4, "model": "NVIDIA-Tesla V100-PCIE-32GB", "memory": 32768},)),
+    NodeSpec("gpu-t4", ({"count": 2, "model": "NVIDIA-Tesla T4", "memory": 15360},)),
+)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Periods of every loop; production defaults are far longer (protocol.md section 2)."""
+
+    register_period: float = 1.0
+    handshake_period: float = 1.0
+    handshake_timeout: float = 3.0
+    kubelet_poll: float = 0.2
+    kubelet_heartbeat: float = 10.0
+    pod_initial_backoff: int = 1  # kube-scheduler podInitialBackoffSeconds
+    pod_max_backoff: int = 1  # kube-scheduler podMaxBackoffSeconds
+    bind_lock_wait: float = 20.0
+
+
+# --------------------------------------------------------------------------- pods
+
+
+def limits(
+    count: int | None = 1,
+    *,
+    mem: int | None = None,
+    pct: int | None = None,
+    cores: int | None = None,
+) -> dict[str, str]:
+    """A container's ``nvidia.com/*`` limits."""
+    out: dict[str, str] = {}
+    if count is not None:
+        out["nvidia.com/gpu"] = str(count)
+    if mem is not None:
+        out["nvidia.com/gpumem"] = str(mem)
+    if pct is not None:
+        out["nvidia.com/gpumem-percentage"] = str(pct)
+    if cores is not None:
+        out["nvidia.com/gpucores"] = str(cores)
+    return out
+
+
+def gpu_pod(
+    name: str,
+    containers: Sequence[Mapping[str, str]],
+    *,
+    init: Sequence[Mapping[str, str]] = (),
+    annotations: Mapping[str, str] | None = None,
+    scheduler_name: str | None = SCHEDULER_NAME,
+    node_selector: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A pod whose containers have these limits (``{}``: a container without devices).
+
+    Containers are named ``c0, c1, ...`` and init containers ``init0, ...``. The local
+    cluster adds its node selector when the pod is created through it."""
+
+    def container(prefix: str, index: int, lim: Mapping[str, str]) -> dict[str, Any]:
+        body: dict[str, Any] = {"name": f"{prefix}{index}", "image": "busybox"}
+        if lim:
+            body["resources"] = {"limits": dict(lim)}
+        return body
+
+    spec: dict[str, Any] = {
+        "containers": [container("c", i, lim) for i, lim in enumerate(containers)],
+        "terminationGracePeriodSeconds": 0,
+    }
+    if init:
+        spec["initContainers"] = [container("init", i, lim) for i, lim in enumerate(init)]
+    if scheduler_name:
+        spec["schedulerName"] = scheduler_name
+    if node_selector:
+        spec["nodeSelector"] = dict(node_selector)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": dict(annotations or {})},
+        "spec": spec,
+    }
+
+
+def pod_devices(pod: Mapping[str, Any], key: str = ALLOCATED) -> list[list[ContainerDevice]]:
+    """The decoded ``*-devices-*`` value of a pod (one list per container)."""
+    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(key)
+    return decode_pod_devices(value) if value is not None else []
+
+
+def annotations_of(pod: Mapping[str, Any]) -> dict[str, str]:
+    return dict((pod.get("metadata") or {}).get("annotations") or {})
+
+
+def phase_of(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("status") or {}).get("phase") or "Pending")
+
+
+# --------------------------------------------------------------------------- nodes
+
+
+class SimNode:
+    """A simulated GPU node: kubelet emulator + node agent with the fake backend."""
+
+    def __init__(self, cluster: LocalCluster, spec: NodeSpec, index: int) -> None:
+        self.cluster = cluster
+        self.spec = spec
+        self.name = spec.name
+        self.uuid_prefix = f"GPU-{cluster.id}-{index}"
+        self.dir = cluster.workdir / str(index)
+        self.kubelet: KubeletEmulator | None = None
+        self.agent: NodeAgent | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.backend = FakeBackend(
+            BackendSettings(
+                split_count=spec.split_count,
+                options={
+                    "devices": [dict(group) for group in spec.devices],
+                    "uuid_prefix": self.uuid_prefix,
+                    "hamicore": {"containers_dir": str(self.dir / "vgpu")},
+                },
+            )
+        )
+
+    @property
+    def uuids(self) -> list[str]:
+        return [f"{self.uuid_prefix}-{i}" for i in range(self.spec.device_count)]
+
+    @property
+    def agent_running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def start_kubelet(self) -> KubeletEmulator:
+        self.kubelet = KubeletEmulator(
+            self.name,
+            self.cluster.kubeconfig,
+            self.dir / "plugins",
+            labels={CLUSTER_LABEL: self.cluster.id},
+            heartbeat_interval=self.cluster.timing.kubelet_heartbeat,
+        )
+        await self.kubelet.start()
+        return self.kubelet
+
+    async def start_agent(self) -> None:
+        """Start the node agent and wait until kubelet sees all its virtual devices."""
+        if self.agent_running:
+            return
+        assert self.kubelet is not None, "start the kubelet first"
+        timing = self.cluster.timing
+        self.agent = NodeAgent(
+            self.cluster.cfg,
+            node_name=self.name,
+            api=self.cluster.api,
+            backends={"fake": self.backend},
+            register_period=timing.register_period,
+            device_plugin_dir=str(self.kubelet.plugin_dir),
+            serve_http=False,
+            kubelet_poll=timing.kubelet_poll,
+            min_backoff=min(1.0, timing.register_period),
+        )
+        self._task = asyncio.create_task(self.agent.run(), name=f"node-agent[{self.name}]")
+        await self.agent.wait_ready()
+        await self.kubelet.wait_for_resource(
+            "nvidia.com/gpu", healthy=self.spec.device_count * self.spec.split_count
+        )
+
+    async def stop_agent(self) -> None:
+        agent, task = self.agent, self._task
+        self.agent, self._task = None, None
+        if agent is not None:
+            await agent.stop()
+        if task is not None:
+            if not task.done():
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def stop(self) -> None:
+        await self.stop_agent()
+        if self.kubelet is not None:
+            kubelet, self.kubelet = self.kubelet, None
+            await kubelet.stop()
+
+
+# --------------------------------------------------------------------------- cluster
+
+
+class LocalCluster:
+    """See the module docstring. Use ``async with``, or ``start()`` and ``stop()``."""
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeSpec] = DEMO_NODES,
+        *,
+        plane: ControlPlane | None = None,
+        timing: Timing | None = None,
+        node_policy: str = "binpack",
+        device_policy: str = "spread",
+        namespace: str | None = None,
+        webhook: bool = False,
+        progress: Progress | None = None,
+    ) -> None:
+        self.id = uuid.uuid4().hex[:6]
+        self.specs = list(nodes)
+        self._given_plane = plane
+        self.plane: ControlPlane | None = plane
+        self.timing = timing or Timing()
+        self.namespace = namespace or f"hami-{self.id}"
+        self.webhook = webhook
+        self.progress = progress or _quiet
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"hc-{self.id}-", dir="/tmp"))
+        self.port = free_port()
+        self.webhook_port = free_port() if webhook else 0
+        self.cfg = self._config(node_policy, device_policy)
+        self.api: Any = None
+        self.role: SchedulerRole | None = None
+        self.kube_scheduler: SchedulerProcess | None = None
+        self.nodes: dict[str, SimNode] = {
+            spec.name: SimNode(self, spec, i) for i, spec in enumerate(self.specs)
+        }
+        self._api_cm: contextlib.AbstractAsyncContextManager[Any] | None = None
+        self._webhook_config: str | None = None
+
+    # ------------------------------------------------------------------ config
+
+    def _config(self, node_policy: str, device_policy: str) -> config.Config:
+        t = self.timing
+        scheduler: dict[str, Any] = {
+            "scheduler_name": SCHEDULER_NAME,
+            "http": {"address": "127.0.0.1", "port": self.port},
+            "handshake_period": f"{t.handshake_period}s",
+            "handshake_timeout": f"{t.handshake_timeout}s",
+            "bind_lock_wait": f"{t.bind_lock_wait}s",
+            "node_policy": node_policy,
+            "device_policy": device_policy,
+            "webhook": {"enabled": False},
+        }
+        if self.webhook:
+            scheduler["webhook"] = {
+                "enabled": True,
+                "address": "127.0.0.1",
+                "port": self.webhook_port,
+                "cert_file": str(self.workdir / "webhook.crt"),
+                "key_file": str(self.workdir / "webhook.key"),
+            }
+        return config.from_mapping(
+            {
+                "scheduler": scheduler,
+                "node": {"register_period": f"{t.register_period}s"},
+                "backends": {"nvidia": {"enabled": False}, "fake": {"enabled": True}},
+            },
+            env={},
+        )
+
+    def kube_scheduler_config(self) -> dict[str, Any]:
+        """kube-scheduler with hami as its extender, as config/kube-scheduler.yaml has it
+        (plus a short pod back-off, so retried pods come back in about a second)."""
+        assert self.role is not None
+        resources = [name for kind in self.role.scheduler.kinds for name in kind.resources.all()]
+        return {
+            "podInitialBackoffSeconds": self.timing.pod_initial_backoff,
+            "podMaxBackoffSeconds": self.timing.pod_max_backoff,
+            "profiles": [{"schedulerName": SCHEDULER_NAME}],
+            "extenders": [
+                {
+                    "urlPrefix": f"http://127.0.0.1:{self.port}",
+                    "filterVerb": "filter",
+                    "bindVerb": "bind",
+                    "nodeCacheCapable": True,
+                    "httpTimeout": f"{int(self.timing.bind_lock_wait) + 10}s",
+                    "weight": 1,
+                    "managedResources": [
+                        {"name": name, "ignoredByScheduler": True} for name in resources
+                    ],
+                }
+            ],
+        }
+
+    @property
+    def kubeconfig(self) -> Path:
+        assert self.plane is not None
+        return self.plane.kubeconfig
+
+    @property
+    def node_selector(self) -> dict[str, str]:
+        return {CLUSTER_LABEL: self.id}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> LocalCluster:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        began = time.monotonic()
+        if self.plane is None:
+            self.progress("starting etcd and kube-apiserver ...")
+            self.plane = ControlPlane()
+            await asyncio.to_thread(self.plane.start)
+            self.progress(f"  control plane ready in {self.plane.startup_seconds or 0:.1f}s")
+        self._api_cm = api_client(self.kubeconfig)
+        self.api = await self._api_cm.__aenter__()
+        await self._ensure_namespace()
+        if self.webhook:
+            self._write_webhook_cert()
+        self.progress(f"starting the hami scheduler role on 127.0.0.1:{self.port} ...")
+        await self.start_role()
+        self.progress("starting kube-scheduler with hami as its extender ...")
+        assert self.plane is not None
+        self.kube_scheduler = await asyncio.to_thread(
+            self.plane.start_scheduler, self.kube_scheduler_config(), f"kube-scheduler-{self.id}"
+        )
+        if self.webhook:
+            await self._register_webhook()
+        for node in self.nodes.values():
+            self.progress(
+                f"starting node {node.name}: {_describe(node.spec)} "
+                f"(kubelet emulator + hami node agent)"
+            )
+            await node.start_kubelet()
+            await node.start_agent()
+        await self.wait_available(self.nodes, True)
+        self.progress(f"cluster ready in {time.monotonic() - began:.1f}s")
+
+    async def stop(self) -> None:
+        """Stop everything this cluster started (bounded); remove its temp dir."""
+        if self.api is not None:
+            with contextlib.suppress(Exception):
+                await self.delete_pods(wait=False)
+        for node in self.nodes.values():
+            with contextlib.suppress(Exception):
+                await node.stop()
+        if self.kube_scheduler is not None:
+            sched, self.kube_scheduler = self.kube_scheduler, None
+            await asyncio.to_thread(sched.stop)
+            if self.plane is not None:
+                with contextlib.suppress(ValueError):
+                    self.plane.schedulers.remove(sched)
+        await self.stop_role()
+        if self.api is not None:
+            with contextlib.suppress(Exception):
+                await self._cleanup_objects()
+        if self._api_cm is not None:
+            cm, self._api_cm = self._api_cm, None
+            await cm.__aexit__(None, None, None)
+            self.api = None
+        if self.plane is not None and self._given_plane is None:
+            plane, self.plane = self.plane, None
+            await asyncio.to_thread(plane.stop)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    async def start_role(self) -> SchedulerRole:
+        role = SchedulerRole(self.cfg, self.api)
+        await role.start()
+        try:
+            await role.wait_ready()
+        except BaseException:
+            await role.stop()
+            raise
+        self.role = role
+        return role
+
+    async def stop_role(self) -> None:
+        if self.role is not None:
+            role, self.role = self.role, None
+            await role.stop()
+
+    async def restart_role(self) -> SchedulerRole:
+        """Stop the scheduler role and start a new one (empty memory) on the same port."""
+        await self.stop_role()
+        return await self.start_role()
+
+    async def _ensure_namespace(self) -> None:
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}}
+        try:
+            await request(self.api, "POST", "/api/v1/namespaces", body=body)
+        except KubeError as exc:
+            if exc.status != 409:
+                raise
+
+    async def _cleanup_objects(self) -> None:
+        for name in self.nodes:
+            with contextlib.suppress(KubeError):
+                await request(self.api, "DELETE", f"/api/v1/nodes/{name}")
+        if self._webhook_config:
+            with contextlib.suppress(KubeError):
+                await request(
+                    self.api,
+                    "DELETE",
+                    "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/"
+                    + self._webhook_config,
+                )
+        if self._given_plane is not None and self.namespace.startswith("hami-"):
+            with contextlib.suppress(KubeError):
+                await request(self.api, "DELETE", f"/api/v1/namespaces/{self.namespace}")
+
+    # ------------------------------------------------------------------ webhook
+
+    def _write_webhook_cert(self) -> None:
+        assert self.plane is not None
+        cert, key = self.plane.ca.issue("hami-webhook", hosts=["127.0.0.1"], server=True)
+        (self.workdir / "webhook.crt").write_bytes(cert)
+        (self.workdir / "webhook.key").write_bytes(key)
+
+    async def _register_webhook(self) -> None:
+        """A MutatingWebhookConfiguration for this cluster's namespace, calling the role."""
+        import base64
+
+        assert self.plane is not None
+        name = f"hami-{self.id}"
+        body = {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": name},
+            "webhooks": [
+                {
+                    "name": "vgpu.hami.io",
+                    "admissionReviewVersions": ["v1"],
+                    "sideEffects": "None",
+                    "failurePolicy": "Fail",
+                    "timeoutSeconds": 10,
+                    "clientConfig": {
+                        "url": f"https://127.0.0.1:{self.webhook_port}/webhook",
+                        "caBundle": base64.b64encode(self.plane.ca.cert_pem).decode(),
+                    },
+                    "rules": [
+                        {
+                            "operations": ["CREATE"],
+                            "apiGroups": [""],
+                            "apiVersions": ["v1"],
+                            "resources": ["pods"],
+                        }
+                    ],
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": self.namespace}
+                    },
+                }
+            ],
+        }
+        await request(
+            self.api,
+            "POST",
+            "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+            body=body,
+        )
+        self._webhook_config = name
+
+    # ------------------------------------------------------------------ nodes
+
+    def available(self, node: str) -> bool:
+        """Whether the scheduler role sees the node's nvidia type as available."""
+        if self.role is None:
+            return False
+        state = self.role.scheduler.cluster.nodes.get(node)
+        return bool(state and "nvidia" in state.types and state.types["nvidia"].available)
+
+    async def wait_available(
+        self,
+        nodes: Iterable[str],
+        available: bool,
+        timeout: float = 30.0,  # noqa: ASYNC109
+    ) -> float:
+        """Wait until the role sees every node in ``nodes`` (un)available; return seconds."""
+        names = list(nodes)
+        return await poll(
+            lambda: all(self.available(n) == available for n in names),
+            timeout,
+            f"nodes {names} {'available' if available else 'unavailable'}",
+        )
+
+    def registered(self) -> dict[str, dict[str, tuple[int, int, int]]]:
+        """node -> uuid -> (split count, memory MiB, core limit), as the role registered."""
+        assert self.role is not None
+        out: dict[str, dict[str, tuple[int, int, int]]] = {}
+        for row in self.role.scheduler.cluster.rows():
+            d = row.device
+            out.setdefault(row.node, {})[d.uuid] = (d.count, d.total_memory, d.total_cores)
+        return out
+
+    def model_of(self, uuid_: str) -> str:
+        for node in self.nodes.values():
+            if uuid_ in node.uuids:
+                index = node.uuids.index(uuid_)
+                for group in node.spec.devices:
+                    if index < int(group.get("count", 1)):
+                        return str(group["model"])
+                    index -= int(group.get("count", 1))
+        return "?"
+
+    # ------------------------------------------------------------------ pods
+
+    def _pods_path(self) -> str:
+        return f"/api/v1/namespaces/{self.namespace}/pods"
+
+    async def create_pod(self, pod: Mapping[str, Any]) -> dict[str, Any]:
+        """Create a pod in the cluster's namespace, restricted to the cluster's nodes."""
+        body = copy.deepcopy(dict(pod))
+        spec = dict(body.get("spec") or {})
+        spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **self.node_selector}
+        body["spec"] = spec
+        return await request(self.api, "POST", self._pods_path(), body=body)
+
+    async def get_pod(self, name: str) -> dict[str, Any]:
+        return await request(self.api, "GET", f"{self._pods_path()}/{name}")
+
+    async def list_pods(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = (await request(self.api, "GET", self._pods_path())).get(
+            "items"
+        ) or []
+        return items
+
+    async def delete_pod(self, name: str) -> None:
+        with contextlib.suppress(NotFound):
+            await request(
+                self.api, "DELETE", f"{self._pods_path()}/{name}", body={"gracePeriodSeconds": 0}
+            )
+
+    async def delete_pods(self, wait: bool = True, timeout: float = 60.0) -> None:  # noqa: ASYNC109
+        """Delete every pod of the namespace; with ``wait``, until they are gone from the API
+        server and from the scheduler role's accounting."""
+        for pod in await self.list_pods():
+            await self.delete_pod(pod["metadata"]["name"])
+        if not wait:
+            return
+
+        async def gone() -> bool:
+            if await self.list_pods():
+                return False
+            prefix = f"{self.namespace}/"
+            return self.role is None or not any(
+                k.startswith(prefix) for k in self.role.scheduler.cluster.pods
+            )
+
+        await poll(gone, timeout, f"pods of {self.namespace} deleted")
+
+    async def wait_pod(
+        self,
+        name: str,
+        predicate: Callable[[dict[str, Any]], bool] | None = None,
+        timeout: float = 30.0,  # noqa: ASYNC109
+    ) -> dict[str, Any]:
+        """Poll until the pod satisfies ``predicate`` (default: it is no longer Pending)."""
+        check = predicate or (lambda pod: phase_of(pod) != "Pending")
+        found: dict[str, Any] = {}
+
+        async def ready() -> bool:
+            found["pod"] = await self.get_pod(name)
+            return check(found["pod"])
+
+        try:
+            await poll(ready, timeout, f"pod {name}")
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; last seen: {_summary(found.get('pod'))}") from None
+        pod: dict[str, Any] = found["pod"]
+        return pod
+
+    async def wait_running(
+        self,
+        names: Iterable[str],
+        timeout: float = 60.0,  # noqa: ASYNC109
+    ) -> dict[str, dict[str, Any]]:
+        """Poll until every named pod left Pending; returns them by name."""
+        wanted = set(names)
+        seen: dict[str, dict[str, Any]] = {}
+
+        async def done() -> bool:
+            for pod in await self.list_pods():
+                name = pod["metadata"]["name"]
+                if name in wanted:
+                    seen[name] = pod
+            return all(n in seen and phase_of(seen[n]) != "Pending" for n in wanted)
+
+        try:
+            await poll(done, timeout, f"{len(wanted)} pods started")
+        except TimeoutError as exc:
+            pending = sorted(n for n in wanted if n not in seen or phase_of(seen[n]) == "Pending")
+            raise TimeoutError(f"{exc}; still pending: {pending[:10]}") from None
+        return {n: seen[n] for n in wanted}
+
+    async def events(self, name: str) -> list[dict[str, Any]]:
+        """Events of the named pod in the cluster's namespace."""
+        path = f"/api/v1/namespaces/{self.namespace}/events"
+        query = [("fieldSelector", f"involvedObject.name={name}")]
+        items: list[dict[str, Any]] = (await request(self.api, "GET", path, query=query)).get(
+            "items"
+        ) or []
+        return items
+
+    def admission(self, pod: Mapping[str, Any]) -> Any:
+        """What the kubelet emulator of the pod's node recorded for it (or None)."""
+        meta = pod.get("metadata") or {}
+        node = self.nodes.get(str((pod.get("spec") or {}).get("nodeName") or ""))
+        if node is None or node.kubelet is None:
+            return None
+        return node.kubelet.admissions.get((str(meta.get("namespace")), str(meta.get("name"))))
+
+
+def _describe(spec: NodeSpec) -> str:
+    return ", ".join(
+        f"{int(g.get('count', 1))}x {g['model']} ({int(g['memory']) // 1024} GiB)"
+        for g in spec.devices
+    )
+
+
+def _summary(pod: Mapping[str, Any] | None) -> str:
+    if pod is None:
+        return "(not found)"
+    status = pod.get("status") or {}
+    conditions = [
+        f"{c.get('type')}={c.get('status')} {c.get('message') or ''}".strip()
+        for c in status.get("conditions") or []
+    ]
+    return (
+        f"phase={status.get('phase')} node={(pod.get('spec') or {}).get('nodeName')} "
+        f"annotations={annotations_of(pod)} conditions={conditions}"
+    )
+
+
+async def poll(
+    check: Callable[[], bool | Awaitable[bool]],
+    timeout: float,  # noqa: ASYNC109
+    what: str = "condition",
+    interval: float = 0.1,
+) -> float:
+    """Re-check ``check`` every ``interval`` until it holds; return the seconds it took.
+    Raises TimeoutError naming ``what`` after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    while True:
+        result = check()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return loop.time() - began
+        if loop.time() - began > timeout:
+            raise TimeoutError(f"{what}: not reached within {timeout:g}s")
+        await asyncio.sleep(interval)
+
+
+__all__ = [
+    "ALLOCATED",
+    "CLUSTER_LABEL",
+    "DEMO_NODES",
+    "SCHEDULER_NAME",
+    "TO_ALLOCATE",
+    "LocalCluster",
+    "NodeSpec",
+    "SimNode",
+    "Timing",
+    "gpu_pod",
+    "limits",
+    "phase_of",
+    "pod_devices",
+    "poll",
+]
