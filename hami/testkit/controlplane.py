@@ -226,11 +226,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _load_prctl() -> Any:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        return None
+
+
+# Looked up here, in the parent: the child runs only async-signal-safe work before exec.
+_PRCTL = _load_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    # PR_SET_PDEATHSIG: the child gets SIGKILL when the thread that started it goes away, so
-    # a SIGKILLed test run does not leave etcd or kube-apiserver running.
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+    # The child gets SIGKILL when the *thread* that started it ends, so a SIGKILLed test run
+    # does not leave etcd or kube-apiserver running. Start components from a thread that
+    # lives as long as they should (the main thread, or the event loop's thread).
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 _live: set[ManagedProcess] = set()
@@ -374,7 +387,15 @@ class SchedulerProcess:
     def start(self, timeout: float = 60.0) -> None:
         """Start and wait for /readyz (a leader-less scheduler is ready once its informers
         have synced)."""
+        self.launch()
+        self.wait_ready(timeout)
+
+    def launch(self) -> None:
+        """Start the process without waiting (then `wait_ready`, e.g. in a worker thread)."""
         self.process.start()
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Block until /readyz answers 200; stop the process and raise if it does not."""
         ctx = ssl.create_default_context()
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
@@ -484,14 +505,21 @@ class ControlPlane:
         self.stop()
 
     def start_scheduler(
-        self, config: Mapping[str, Any] | str, name: str | None = None, timeout: float = 60.0
+        self,
+        config: Mapping[str, Any] | str,
+        name: str | None = None,
+        timeout: float = 60.0,
+        wait: bool = True,
     ) -> SchedulerProcess:
         """Start kube-scheduler with this KubeSchedulerConfiguration (a dict or YAML text;
         `clientConnection.kubeconfig` and `leaderElection.leaderElect: false` are filled in
-        when absent). It is stopped with the control plane, or earlier with `.stop()`."""
+        when absent) and, unless `wait=False`, wait until it is ready. It is stopped with
+        the control plane, or earlier with `.stop()`."""
         sched = SchedulerProcess(self, config, name or f"kube-scheduler-{len(self.schedulers)}")
         self.schedulers.append(sched)
-        sched.start(timeout)
+        sched.launch()
+        if wait:
+            sched.wait_ready(timeout)
         return sched
 
     # -- pieces

@@ -140,9 +140,12 @@ def kube_scheduler(controlplane: ControlPlane) -> Iterator[SchedulerFactory]:
     ) -> SchedulerProcess:
         loop = asyncio.get_running_loop()
         began = loop.time()
-        sched = await asyncio.to_thread(controlplane.start_scheduler, config, name, timeout)
-        _startup.setdefault("scheduler", loop.time() - began)
+        # launched from the loop's thread (the parent-death signal follows the thread that
+        # forks); only the readiness poll runs in a worker thread
+        sched = controlplane.start_scheduler(config, name, wait=False)
         started.append(sched)
+        await asyncio.to_thread(sched.wait_ready, timeout)
+        _startup.setdefault("scheduler", loop.time() - began)
         return sched
 
     yield start
