@@ -20,7 +20,8 @@ For one node name it
   releases their devices.
 
 Extended resources with no registered plugin are ignored, as kubelet ignores resources
-the node does not have (they may belong to a scheduler extender).
+the node does not have (they may belong to a scheduler extender). Pods already past
+Pending when the emulator starts are left alone (their devices are not known to it).
 
     async with KubeletEmulator("node-a", kubeconfig, plugin_dir) as kubelet:
         await kubelet.wait_for_resource("hami.io/vgpu", 4)
@@ -205,6 +206,7 @@ class KubeletEmulator:
         self._changed = asyncio.Condition()
         self._status_lock = asyncio.Lock()
         self._deleting: set[str] = set()
+        self._ready_since: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -222,6 +224,7 @@ class KubeletEmulator:
         from kubernetes_asyncio import client
 
         self._core = client.CoreV1Api(self._api)
+        self._ready_since = _now()
         try:
             await self._ensure_node()
             await self._serve()
@@ -367,7 +370,7 @@ class KubeletEmulator:
                     "reason": "KubeletReady",
                     "message": "kubelet emulator is posting ready status",
                     "lastHeartbeatTime": now,
-                    "lastTransitionTime": now,
+                    "lastTransitionTime": self._ready_since or now,
                 }
             ],
             "addresses": [
