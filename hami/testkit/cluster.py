@@ -42,7 +42,7 @@ from hami.node.agent import NodeAgent
 from hami.protocol import ContainerDevice, decode_pod_devices
 from hami.scheduler.role import SchedulerRole
 from hami.testkit.controlplane import ControlPlane, SchedulerProcess, api_client, free_port
-from hami.testkit.kubelet import KubeletEmulator
+from hami.testkit.kubelet import KubeletEmulator, PodAdmission
 
 _log = log.get(__name__)
 
@@ -485,7 +485,8 @@ class LocalCluster:
         (self.workdir / "webhook.key").write_bytes(key)
 
     async def _register_webhook(self) -> None:
-        """A MutatingWebhookConfiguration for this cluster's namespace, calling the role."""
+        """A MutatingWebhookConfiguration calling the role, for the pods of this cluster's
+        namespace that carry the label ``hami.io/local-cluster: <id>``."""
         import base64
 
         assert self.plane is not None
@@ -516,6 +517,8 @@ class LocalCluster:
                     "namespaceSelector": {
                         "matchLabels": {"kubernetes.io/metadata.name": self.namespace}
                     },
+                    # only pods that opt in: other tests create pods without the webhook
+                    "objectSelector": {"matchLabels": {CLUSTER_LABEL: self.id}},
                 }
             ],
         }
@@ -615,6 +618,12 @@ class LocalCluster:
 
         await poll(gone, timeout, f"pods of {self.namespace} deleted")
 
+    def tracked(self, name: str) -> bool:
+        """Whether the scheduler role holds a record (usage or reservation) for the pod."""
+        return self.role is not None and (
+            f"{self.namespace}/{name}" in self.role.scheduler.cluster.pods
+        )
+
     async def wait_pod(
         self,
         name: str,
@@ -668,13 +677,21 @@ class LocalCluster:
         ) or []
         return items
 
-    def admission(self, pod: Mapping[str, Any]) -> Any:
-        """What the kubelet emulator of the pod's node recorded for it (or None)."""
+    async def admission(
+        self,
+        pod: Mapping[str, Any],
+        timeout: float = 10.0,  # noqa: ASYNC109
+    ) -> PodAdmission:
+        """What the kubelet emulator of the pod's node did with it (waits until it is done:
+        the pod's status can be read a moment before the emulator records it)."""
         meta = pod.get("metadata") or {}
-        node = self.nodes.get(str((pod.get("spec") or {}).get("nodeName") or ""))
+        node_name = str((pod.get("spec") or {}).get("nodeName") or "")
+        node = self.nodes.get(node_name)
         if node is None or node.kubelet is None:
-            return None
-        return node.kubelet.admissions.get((str(meta.get("namespace")), str(meta.get("name"))))
+            raise LookupError(f"pod {meta.get('name')} is not on a node of this cluster")
+        return await node.kubelet.wait_for_admission(
+            str(meta.get("namespace")), str(meta.get("name")), timeout
+        )
 
 
 def _describe(spec: NodeSpec) -> str:
