@@ -36,5 +36,8 @@ proto: install
 test: lint controlplane
 	$(BIN)/pytest -q
 
+demo: install controlplane
+	$(BIN)/hami demo
+
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,1 @@
+"""``hami demo``: a whole local cluster with simulated GPU nodes (see ``hami.demo.cli``)."""

@@ -1,0 +1,314 @@
+"""``hami demo``: a local cluster with simulated GPU nodes, sample pods and a placement table.
+
+It starts etcd, kube-apiserver and kube-scheduler as local processes (building them first
+when they are missing and ``tests/controlplane/build.sh`` is at hand), the hami scheduler
+role as kube-scheduler's extender, and three simulated GPU nodes (hami node agent with the
+``fake`` backend + a kubelet emulator each). Then it submits a mix of GPU pods, waits for
+them, prints where each landed and why the one that cannot fit stays Pending, and shuts
+everything down (``--keep``: keeps it running until Ctrl-C and prints the kubeconfig).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from hami import log
+from hami.testkit.cluster import (
+    DEMO_NODES,
+    LocalCluster,
+    NodeSpec,
+    Timing,
+    annotations_of,
+    gpu_pod,
+    limits,
+    phase_of,
+    pod_devices,
+    poll,
+)
+from hami.testkit.controlplane import FIX_HINT, ControlPlane, ControlPlaneError, find_binaries
+
+BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "tests" / "controlplane" / "build.sh"
+UNFIT = "too-big"
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    request: str  # what it asks for, in words
+    pod: dict[str, Any]
+
+
+def samples() -> list[Sample]:
+    """The demo's workloads: every request shape, a selector, and one that cannot fit."""
+    return [
+        Sample(
+            "train-a100",
+            "1 whole A100",
+            gpu_pod("train-a100", [limits(1)], annotations={"nvidia.com/use-gputype": "A100"}),
+        ),
+        Sample("infer-small", "3000 MiB", gpu_pod("infer-small", [limits(1, mem=3000)])),
+        Sample(
+            "infer-half",
+            "50% memory, 30% cores",
+            gpu_pod("infer-half", [limits(1, pct=50, cores=30)]),
+        ),
+        Sample(
+            "multi-gpu",
+            "2 GPUs x 8000 MiB, 50% cores",
+            gpu_pod("multi-gpu", [limits(2, mem=8000, cores=50)]),
+        ),
+        Sample(
+            "sidecars",
+            "2 containers: 4000 + 2000 MiB",
+            gpu_pod("sidecars", [limits(1, mem=4000), limits(1, mem=2000)]),
+        ),
+        Sample(
+            "with-init",
+            "init 2000 MiB, then 6000 MiB",
+            gpu_pod("with-init", [limits(1, mem=6000)], init=[limits(1, mem=2000)]),
+        ),
+        Sample(
+            "on-v100",
+            "10000 MiB on a V100 (use-gputype)",
+            gpu_pod(
+                "on-v100",
+                [limits(1, mem=10000, cores=25)],
+                annotations={"nvidia.com/use-gputype": "V100"},
+            ),
+        ),
+        Sample(
+            "spread-me",
+            "2000 MiB, node policy spread",
+            gpu_pod(
+                "spread-me",
+                [limits(1, mem=2000)],
+                annotations={"hami.io/node-scheduler-policy": "spread"},
+            ),
+        ),
+        Sample(UNFIT, "64000 MiB (no GPU is that large)", gpu_pod(UNFIT, [limits(1, mem=64000)])),
+    ]
+
+
+# --------------------------------------------------------------------------- output
+
+
+class Printer:
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.began = time.monotonic()
+
+    def __call__(self, line: str) -> None:
+        print(f"[{time.monotonic() - self.began:5.1f}s] {line}", file=self.out, flush=True)
+
+    def raw(self, line: str = "") -> None:
+        print(line, file=self.out, flush=True)
+
+
+def table(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+def placement_rows(
+    cluster: LocalCluster, pods: Mapping[str, Mapping[str, Any]], order: Sequence[Sample]
+) -> list[list[str]]:
+    rows = [["POD", "REQUEST", "NODE", "DEVICE", "MODEL", "MEMORY MiB", "CORES %", "STATUS"]]
+    for sample in order:
+        pod = pods.get(sample.name)
+        if pod is None:
+            rows.append([sample.name, sample.request, "-", "-", "-", "-", "-", "missing"])
+            continue
+        node = str((pod.get("spec") or {}).get("nodeName") or "-")
+        status = phase_of(pod)
+        phase = annotations_of(pod).get("hami.io/bind-phase")
+        if phase and phase != "success":
+            status = f"{status} ({phase})"
+        spec = pod.get("spec") or {}
+        names = [c["name"] for c in spec.get("initContainers") or []]
+        names += [c["name"] for c in spec.get("containers") or []]
+        init = {c["name"] for c in spec.get("initContainers") or []}
+        entries = pod_devices(pod) if node != "-" else []
+        lines: list[list[str]] = []
+        for cname, devices in zip(names, entries, strict=False):
+            for device in devices:
+                label = f"{cname} (init)" if cname in init else cname
+                who = sample.name if len(names) == 1 else f"{sample.name}/{label}"
+                lines.append(
+                    [
+                        who,
+                        sample.request,
+                        node,
+                        device.uuid,
+                        cluster.model_of(device.uuid).removeprefix("NVIDIA-"),
+                        str(device.memory),
+                        str(device.cores),
+                        status,
+                    ]
+                )
+        if not lines:
+            lines.append([sample.name, sample.request, node, "-", "-", "-", "-", status])
+        for i, line in enumerate(lines):
+            if i:
+                line[1] = ""  # the request once per pod
+            rows.append(line)
+    return rows
+
+
+# --------------------------------------------------------------------------- the demo
+
+
+async def run_demo(
+    out: TextIO,
+    *,
+    keep: bool = False,
+    plane: ControlPlane | None = None,
+    nodes: Sequence[NodeSpec] = DEMO_NODES,
+    timeout: float = 60.0,  # noqa: ASYNC109
+) -> int:
+    say = Printer(out)
+    work = samples()
+    async with LocalCluster(nodes, plane=plane, timing=Timing(), progress=say) as cluster:
+        say(f"submitting {len(work)} sample pods to namespace {cluster.namespace} ...")
+        for sample in work:
+            await cluster.create_pod(sample.pod)
+        fitting = [s.name for s in work if s.name != UNFIT]
+        pods = await cluster.wait_running(fitting, timeout=timeout)
+        say(f"{len(fitting)} pods started; waiting for the scheduler's verdict on {UNFIT} ...")
+        reason = await _filtering_failed(cluster, UNFIT, timeout)
+        pods[UNFIT] = await cluster.get_pod(UNFIT)
+        say.raw()
+        for line in table(placement_rows(cluster, pods, work)):
+            say.raw("  " + line)
+        say.raw()
+        say.raw(f"{UNFIT} is {phase_of(pods[UNFIT])}: {reason}")
+        assert cluster.role is not None
+        nodes_reasons = cluster.role.scheduler.explain_pod(pods[UNFIT]).get("nodes") or {}
+        for node in sorted(nodes_reasons):
+            say.raw(f"  {node}: {nodes_reasons[node]}")
+        say.raw()
+        if keep:
+            say.raw(f"the cluster keeps running; kubeconfig: {cluster.kubeconfig}")
+            say.raw(f"  kubectl --kubeconfig {cluster.kubeconfig} -n {cluster.namespace} get pods")
+            say.raw(
+                f"  hami explain {UNFIT} -n {cluster.namespace} "
+                f"--kubeconfig {cluster.kubeconfig} --url http://127.0.0.1:{cluster.port}"
+            )
+            say.raw("press Ctrl-C to stop it")
+            await _wait_for_signal()
+        say("shutting down ...")
+    say("done")
+    return 0
+
+
+async def _filtering_failed(cluster: LocalCluster, name: str, timeout: float) -> str:  # noqa: ASYNC109
+    found: list[str] = []
+
+    async def seen() -> bool:
+        found[:] = [
+            str(e.get("message") or "")
+            for e in await cluster.events(name)
+            if e.get("reason") == "FilteringFailed"
+        ]
+        return bool(found)
+
+    await poll(seen, timeout, f"the FilteringFailed event of {name}")
+    return found[-1]
+
+
+async def _wait_for_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+
+
+def ensure_binaries(out: TextIO, build: bool) -> bool:
+    """True when etcd, kube-apiserver and kube-scheduler are there (building them if we
+    may); otherwise prints what to do."""
+    try:
+        find_binaries()
+        return True
+    except ControlPlaneError as exc:
+        missing = str(exc)
+    if not build or not BUILD_SCRIPT.is_file():
+        print(f"hami demo: {missing}", file=out)
+        return False
+    print(
+        "hami demo: the control plane binaries are missing; building them now with "
+        f"{BUILD_SCRIPT} (needs Go; a cold build takes about 7 minutes on 2 cores) ...",
+        file=out,
+        flush=True,
+    )
+    result = subprocess.run(["bash", str(BUILD_SCRIPT)], check=False, stdout=subprocess.DEVNULL)
+    if result.returncode != 0:
+        print(f"hami demo: the build failed (exit {result.returncode}); {FIX_HINT}", file=out)
+        return False
+    try:
+        find_binaries()
+    except ControlPlaneError as exc:
+        print(f"hami demo: {exc}", file=out)
+        return False
+    return True
+
+
+def add_parser(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "demo",
+        help="a local cluster with simulated GPU nodes, sample pods and a placement table",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the cluster running until Ctrl-C")
+    parser.add_argument(
+        "--no-build",
+        action="store_true",
+        help="do not build missing control plane binaries; just say how to get them",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="warning",
+        choices=log_levels(),
+        help="log level of the in-process roles (default: warning)",
+    )
+    parser.set_defaults(func=run)
+
+
+def log_levels() -> tuple[str, ...]:
+    from hami.config import LOG_LEVELS
+
+    return tuple(LOG_LEVELS)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = sys.stdout
+    log.configure(args.log_level, "console")
+    if not ensure_binaries(out, build=not args.no_build):
+        return 2
+    try:
+        return asyncio.run(run_demo(out, keep=args.keep))
+    except ControlPlaneError as exc:
+        print(f"hami demo: the control plane did not start: {exc}", file=sys.stderr)
+        return 1
+    except TimeoutError as exc:
+        print(f"hami demo: {exc}", file=sys.stderr)
+        return 1
