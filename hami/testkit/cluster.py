@@ -1,11 +1,12 @@
 """A whole local cluster in one process: for the end-to-end tests and ``hami demo``.
 
-    async with LocalCluster(nodes=DEMO_NODES, timing=Timing.fast()) as cluster:
+    async with LocalCluster(DEMO_NODES, timing=Timing(handshake_timeout=3.0)) as cluster:
         cluster.kubeconfig                # the control plane's kubeconfig
         cluster.role                      # the hami scheduler role (extender on role.url)
-        cluster.nodes["gpu-a"].kubelet    # KubeletEmulator: recorded Allocate answers
-        await cluster.create_pod(gpu_pod("p", [limits(count=1, mem=3000)]))
-        pod = await cluster.wait_pod("p", running=True)
+        await cluster.create_pod(gpu_pod("p", [limits(1, mem=3000)]))
+        pod = await cluster.wait_pod("p")         # until it leaves Pending
+        admission = await cluster.admission(pod)  # the Allocate answers kubelet got
+        await cluster.nodes["gpu-t4"].stop_agent()  # and start_agent(); restart_role()
 
 What runs: etcd + kube-apiserver (started here, or an existing ``ControlPlane`` passed in),
 the hami scheduler role on a fixed free port (so it can be restarted where kube-scheduler
