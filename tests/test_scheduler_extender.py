@@ -390,3 +390,50 @@ async def test_bind_waits_for_a_live_lock_then_fails_and_rolls_back(
             assert await asyncio.wait_for(cfg_wait, 5) == {"Error": ""}
     finally:
         await delete_nodes(api_client, nodes)
+
+
+async def test_lock_of_a_pod_that_moved_on_is_taken_over_at_once(
+    api_client: Any, namespace: str
+) -> None:
+    # A scheduler that crashed between locking a node and binding leaves a fresh lock whose
+    # pod later went elsewhere (or finished allocating); nobody would release it.
+    fake = FakeClock()
+    cfg = scheduler_config(bind_lock_wait="30s", node_lock_timeout="5m")
+    nodes = await make_nodes(api_client, unique("mv"), 1)
+    (name,) = nodes
+    try:
+        async with running_scheduler(api_client, fake, cfg) as role:
+            await until(lambda: name in role.scheduler.cluster.nodes)
+            for holder, annotations in (
+                ("elsewhere", {keys.VGPU_NODE: "some-other-node"}),
+                ("done", {keys.VGPU_NODE: name, keys.BIND_PHASE: "success"}),
+            ):
+                await create_pod(api_client, namespace, gpu_pod(holder, mem=100))
+                await patch.patch_pod_annotations(api_client, namespace, holder, annotations)
+                await patch.patch_node_annotations(
+                    api_client,
+                    name,
+                    {keys.NODE_LOCK: f"{fake.now():%Y-%m-%dT%H:%M:%SZ},{namespace},{holder}"},
+                )
+                pod = await create_pod(api_client, namespace, gpu_pod(f"after-{holder}", mem=100))
+                answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": nodes})
+                assert answer["NodeNames"] == [name]
+                began = asyncio.get_running_loop().time()
+                answer = await post(
+                    f"{role.url}/bind",
+                    {
+                        "PodName": f"after-{holder}",
+                        "PodNamespace": namespace,
+                        "PodUID": pod["metadata"]["uid"],
+                        "Node": name,
+                    },
+                )
+                assert answer == {"Error": ""}
+                assert asyncio.get_running_loop().time() - began < 5  # not the 30 s wait
+                node = await patch.get_node(api_client, name)
+                lock = node["metadata"]["annotations"][keys.NODE_LOCK]
+                assert lock.endswith(f",{namespace},after-{holder}")
+                # the agent would release it after allocation; do it here
+                await patch.patch_node_annotations(api_client, name, {keys.NODE_LOCK: None})
+    finally:
+        await delete_nodes(api_client, [name])

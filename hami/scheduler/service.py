@@ -482,6 +482,12 @@ class Scheduler:
         if phase in ("Succeeded", "Failed"):
             _log.info("taking over the lock of a finished pod", node=node, lock=value)
             return None
+        reason = _lock_holder_moved_on(holder, node)
+        if reason:
+            # A scheduler that died between locking and binding leaves such a lock; waiting
+            # the full lock timeout would stall every device pod bound to this node.
+            _log.info("taking over a node lock", node=node, lock=value, reason=reason)
+            return None
         return lock
 
     # ------------------------------------------------------------------ explain
@@ -572,3 +578,17 @@ def _bind_reason(message: str) -> str:
     if "placed on node" in message:
         return "wrong_node"
     return "error"
+
+
+def _lock_holder_moved_on(holder: Mapping[str, Any], node: str) -> str | None:
+    """Why a live lock holder no longer needs this node's lock, or None if it does."""
+    annotations = (holder.get("metadata") or {}).get("annotations") or {}
+    if annotations.get(keys.BIND_PHASE) in (keys.BindPhase.SUCCESS, keys.BindPhase.FAILED):
+        return f"its pod's allocation already ended ({annotations[keys.BIND_PHASE]})"
+    bound_to = (holder.get("spec") or {}).get("nodeName")
+    chosen = annotations.get(keys.VGPU_NODE)
+    if bound_to and bound_to != node:
+        return f"its pod is bound to node {bound_to}"
+    if not bound_to and chosen and chosen != node:
+        return f"its pod was since placed on node {chosen}"
+    return None
