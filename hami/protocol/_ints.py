@@ -14,6 +14,10 @@ def parse_int32(text: str, *, what: str, field: str) -> int:
     digits = text[1:] if text[:1] in ("+", "-") else text
     if not digits or not digits.isascii() or not digits.isdigit():
         raise ProtocolError(what, f"{field} is not an integer", text)
+    if len(digits.lstrip("0")) > 10:
+        # int() refuses strings over 4300 digits with a plain ValueError, which would escape
+        # callers that catch ProtocolError; anything over 10 digits is out of int32 anyway.
+        raise ProtocolError(what, f"{field} does not fit in int32", text)
     value = int(text)
     if not INT32_MIN <= value <= INT32_MAX:
         raise ProtocolError(what, f"{field} does not fit in int32", text)

@@ -101,7 +101,9 @@ _JSON_INTS = {"index": "index", "count": "count", "devmem": "memory", "devcore":
 def _decode_json(value: str) -> list[NodeDevice]:
     try:
         items = json.loads(value)
-    except (json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:
+        # ValueError, not only JSONDecodeError: an integer literal over 4300 digits raises a
+        # plain ValueError, which must be rejected like any other invalid JSON.
         raise ProtocolError(_WHAT, f"invalid JSON ({exc})", value) from None
     if not isinstance(items, list):
         raise ProtocolError(_WHAT, "JSON value is not an array", value)
