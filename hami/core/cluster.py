@@ -187,7 +187,8 @@ class Cluster:
                 error = self._load_register(node, state)
                 devices_changed = True
                 if error:
-                    errors.append(error)
+                    # The key goes with the error so the log names node, key and reason.
+                    errors.append(f"{keys.node_register(word)}: {error}")
         changes = self._decide_availability(node, now, write=False)[1]
         if devices_changed or changes:
             self._node_changed(node)
