@@ -57,6 +57,7 @@ class Registrar:
         self.log = _log.bind(role="node", node=node, backend=state.name)
         self.last_success: datetime | None = None
         self.failures = 0  # consecutive
+        self.empty = False  # the last enumeration found no devices: nothing is written
 
     async def refresh(self) -> None:
         """Re-enumerate; on failure keep the last known devices."""
@@ -70,6 +71,15 @@ class Registrar:
     async def write_once(self) -> bool:
         now = self.now()
         self.metrics.set_devices(self.state.name, self.state.backend.type_word, self.state.devices)
+        if not self.state.devices:
+            # protocol.md section 1: a backend with no devices writes nothing. Encoding an
+            # empty list would write register "" (malformed for every reader); without a
+            # heartbeat the scheduler times the type out instead.
+            if not self.empty:
+                self.log.warning("no_devices_left_not_registering")
+            self.empty = True
+            return True
+        self.empty = False
         try:
             annotations = registration_annotations(self.state, now)
             await self.patch(annotations)
