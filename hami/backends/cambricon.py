@@ -201,7 +201,10 @@ class CambriconBackend(Backend):
                     f"not on this node (known: {', '.join(sorted(cards)) or 'none'})"
                 )
             slots.append(card.index)
-            split = split or device.memory < card.memory_mib
+            # A whole card is the memory the node registered (after memory scaling), which
+            # is what a request for 100 % of the card's memory is given.
+            registered = self.to_node_devices([card])[0].memory
+            split = split or device.memory < registered
 
         nodes = [self._node(self.opts["dev_path"].format(slot=s)) for s in slots]
         nodes.append(self._node(self.opts["ctl_path"]))
