@@ -396,7 +396,7 @@ class Allocator:
             await self._fail(pod, cause)
             raise AllocateError(cause, ref) from None
         if plan.done:
-            await self._release_lock(ref)
+            await self._release_lock(ref, known=node)
         self.log.info(
             "allocated",
             pod=ref,
@@ -418,11 +418,18 @@ class Allocator:
             self.log.warning("bind_phase_failed_not_written", pod=ref, error=str(exc))
         await self._release_lock(ref)
 
-    async def _release_lock(self, ref: str, attempts: int = 5) -> None:
-        """Remove the node lock if it names ``ref`` (guarded by resourceVersion)."""
+    async def _release_lock(
+        self, ref: str, attempts: int = 5, known: Mapping[str, Any] | None = None
+    ) -> None:
+        """Remove the node lock if it names ``ref`` (guarded by resourceVersion).
+
+        ``known`` is a Node read earlier in this call: trying its resourceVersion first saves
+        a round trip per pod; a conflict (the node changed since) falls back to a fresh read.
+        """
         for _ in range(attempts):
             try:
-                node = await self.kube.get_node(self.node)
+                node = known if known is not None else await self.kube.get_node(self.node)
+                known = None
                 value = _annotations(node).get(keys.NODE_LOCK)
                 lock = parse_lock(value)
                 if value is None or (lock is not None and f"{lock.namespace}/{lock.pod}" != ref):
