@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from _core_helpers import MLU, NVIDIA
 from aiohttp import web
 from cryptography import x509
@@ -23,7 +24,7 @@ from cryptography.x509.oid import NameOID
 from hami import config
 from hami.scheduler.http import build_app
 from hami.scheduler.service import Scheduler
-from hami.scheduler.webhook import ReloadingTLS, review
+from hami.scheduler.webhook import ReloadingTLS, WebhookTLSError, review
 
 
 def admission(pod: dict[str, Any]) -> dict[str, Any]:
@@ -209,3 +210,16 @@ async def test_webhook_over_tls_reloads_changed_certificate(tmp_path: Path) -> N
         assert body["response"]["uid"] == "req-1"
     finally:
         await runner.cleanup()
+
+
+def test_missing_certificate_names_the_files_and_the_fix(tmp_path: Path) -> None:
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    with pytest.raises(WebhookTLSError) as excinfo:
+        ReloadingTLS(str(cert), str(key))
+    message = str(excinfo.value)
+    assert str(cert) in message and str(key) in message
+    assert "scheduler.webhook.enabled: false" in message
+    cert.write_text("not a certificate")
+    key.write_text("not a key")
+    with pytest.raises(WebhookTLSError, match="cannot load certificate"):
+        ReloadingTLS(str(cert), str(key))

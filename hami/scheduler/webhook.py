@@ -105,6 +105,10 @@ def review(body: Any, kinds: Sequence[DeviceKind], scheduler_name: str) -> dict[
     }
 
 
+class WebhookTLSError(ValueError):
+    """The webhook's certificate or key cannot be loaded at start-up."""
+
+
 class ReloadingTLS:
     """A server SSL context whose certificate follows the files on disk.
 
@@ -118,8 +122,15 @@ class ReloadingTLS:
         self.key_file = key_file
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.minimum_version = ssl.TLSVersion.TLSv1_2
-        self._stamp = self._read_stamp()
-        self.context.load_cert_chain(cert_file, key_file)
+        try:
+            self._stamp = self._read_stamp()
+            self.context.load_cert_chain(cert_file, key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise WebhookTLSError(
+                f"webhook TLS: cannot load certificate {cert_file} with key {key_file}: "
+                f"{exc}; mount the serving certificate there (scheduler.webhook.cert_file, "
+                "key_file) or set scheduler.webhook.enabled: false"
+            ) from exc
         self.reloads = 0
 
     def _read_stamp(self) -> tuple[float, int, float, int]:
