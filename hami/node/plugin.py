@@ -242,6 +242,7 @@ class PluginServer:
     async def run(self) -> None:
         registered_with: tuple[int, int, int] | None = None
         failures = 0
+        waiting_said = False
         try:
             await self._serve()
             self.serving.set()
@@ -254,6 +255,15 @@ class PluginServer:
                 if kubelet is None:
                     if registered_with is not None:
                         self.log.info("kubelet_socket_gone")
+                    elif not waiting_said:
+                        # Said once: a wrong host path otherwise looks like a healthy agent.
+                        self.log.info(
+                            "waiting_for_kubelet",
+                            socket=str(self.kubelet_socket),
+                            hint="mount the host's /var/lib/kubelet/device-plugins at "
+                            "node.device_plugin_dir",
+                        )
+                    waiting_said = True
                     registered_with = None
                     self.registered.clear()
                 elif kubelet != registered_with:

@@ -90,7 +90,9 @@ class Registrar:
             self.metrics.registration_failures.labels(self.state.name).inc()
             # The first failure is a warning; repeats stay quiet until the patch works again.
             method = self.log.warning if self.failures == 1 else self.log.debug
-            method("registration_failed", error=str(exc), failures=self.failures)
+            hint = _hint(exc)
+            extra = {"hint": hint} if hint else {}
+            method("registration_failed", error=str(exc), failures=self.failures, **extra)
             return False
         self.metrics.registration_patches.labels(self.state.name).inc()
         if self.failures:
@@ -123,3 +125,13 @@ class Registrar:
                     await self.state.wake.wait()
             except TimeoutError:
                 pass
+
+
+def _hint(exc: BaseException) -> str | None:
+    """What an operator can do about the usual registration failures."""
+    status = getattr(exc, "status", None)
+    if status == 404:
+        return "no Node of that name: NODE_NAME must be the node's Kubernetes name (spec.nodeName)"
+    if status == 403:
+        return "forbidden: the agent's service account needs get and patch on nodes (RBAC)"
+    return None
