@@ -39,6 +39,7 @@ from hami import config, log
 from hami.backends.base import BackendSettings
 from hami.backends.fake import FakeBackend
 from hami.kube.raw import KubeError, NotFound, request
+from hami.kube.raw import annotations_of as raw_annotations_of
 from hami.node.agent import NodeAgent
 from hami.protocol import ContainerDevice, decode_pod_devices
 from hami.scheduler.role import SchedulerRole
@@ -165,7 +166,7 @@ def pod_devices(pod: Mapping[str, Any], key: str = ALLOCATED) -> list[list[Conta
 
 
 def annotations_of(pod: Mapping[str, Any]) -> dict[str, str]:
-    return dict((pod.get("metadata") or {}).get("annotations") or {})
+    return dict(raw_annotations_of(pod))
 
 
 def phase_of(pod: Mapping[str, Any]) -> str:

@@ -647,9 +647,7 @@ async def api_client(kubeconfig: str | Path) -> AsyncIterator[Any]:
     async with api_client(cp.kubeconfig) as api:
         core = kubernetes_asyncio.client.CoreV1Api(api)
     """
-    from kubernetes_asyncio import client, config
+    from hami.kube.client import open_client
 
-    cfg = client.Configuration()
-    await config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
-    async with client.ApiClient(cfg) as api:
+    async with open_client(str(kubeconfig)) as api:
         yield api
