@@ -11,7 +11,8 @@ import pytest
 
 from hami.kube import patch
 from hami.kube.events import emit_pod_event
-from hami.kube.raw import JSON, Conflict, Gone, KubeError, NotFound, annotations_of, request
+from hami.kube.objects import annotations_of
+from hami.kube.raw import JSON, Conflict, Gone, KubeError, NotFound, request
 from hami.kube.reflector import Reflector, object_key
 
 pytestmark = pytest.mark.controlplane

@@ -23,6 +23,7 @@ from typing import Any
 from hami.core.fit import BINPACK, NodeFit, NodeMiss, TypeView, fit_pod
 from hami.core.requests import DeviceKind, DeviceRequest, PodRequest
 from hami.core.usage import DeviceState, Use, pod_usage
+from hami.kube.objects import annotations_of, metadata_of, pod_key
 from hami.protocol import ProtocolError, decode_node_devices, decode_pod_devices, handshake, keys
 
 FINISHED_PHASES = ("Succeeded", "Failed")
@@ -126,17 +127,6 @@ class DeviceRow:
     available: bool
 
 
-def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
-    meta = obj.get("metadata") or {}
-    found: Mapping[str, str] = meta.get("annotations") or {}
-    return found
-
-
-def pod_key(obj: Mapping[str, Any]) -> str:
-    meta = obj.get("metadata") or {}
-    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
-
-
 class Cluster:
     def __init__(
         self,
@@ -162,9 +152,9 @@ class Cluster:
         self, obj: Mapping[str, Any], now: datetime
     ) -> tuple[list[str], list[AvailabilityChange]]:
         """Take a Node's annotations. Returns (new register errors, availability changes)."""
-        meta = obj.get("metadata") or {}
+        meta = metadata_of(obj)
         name = str(meta.get("name") or "")
-        annotations = _annotations(obj)
+        annotations = annotations_of(obj)
         node = self.nodes.get(name)
         if node is None:
             node = self.nodes[name] = NodeState(name)
@@ -317,8 +307,8 @@ class Cluster:
 
     def pod_record(self, obj: Mapping[str, Any]) -> tuple[PodRecord | None, list[str]]:
         """What a pod holds according to its annotations, and any decode errors."""
-        meta = obj.get("metadata") or {}
-        annotations = _annotations(obj)
+        meta = metadata_of(obj)
+        annotations = annotations_of(obj)
         node = annotations.get(keys.VGPU_NODE)
         status = obj.get("status") or {}
         spec = obj.get("spec") or {}

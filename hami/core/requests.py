@@ -23,6 +23,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from hami.backends.base import ResourceNames
+from hami.kube.objects import annotations_of, pod_key
 from hami.protocol import keys
 
 POLICIES = ("binpack", "spread")
@@ -288,19 +289,15 @@ def pod_containers(pod: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]], int
     return init + list(spec.get("containers") or []), len(init)
 
 
-def pod_name(pod: Mapping[str, Any]) -> str:
-    meta = pod.get("metadata") or {}
-    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
-
-
 def parse_pod(pod: Mapping[str, Any], kinds: Sequence[DeviceKind]) -> PodRequest | None:
     """The pod's device request, or None when it asks for no managed resource."""
     containers, init_count = pod_containers(pod)
     parsed: list[tuple[DeviceRequest, ...]] = []
     any_request = False
+    name = pod_key(pod)
     for position, container in enumerate(containers):
         kind_word = "init container" if position < init_count else "container"
-        where = f"pod {pod_name(pod)} {kind_word} {container.get('name', position)!r}"
+        where = f"pod {name} {kind_word} {container.get('name', position)!r}"
         resources = container_resources(container)
         found: list[DeviceRequest] = []
         for kind in kinds:
@@ -311,7 +308,7 @@ def parse_pod(pod: Mapping[str, Any], kinds: Sequence[DeviceKind]) -> PodRequest
         parsed.append(tuple(found))
     if not any_request:
         return None
-    annotations: Mapping[str, str] = (pod.get("metadata") or {}).get("annotations") or {}
+    annotations = annotations_of(pod)
     types = {r.type_word for c in parsed for r in c}
     selectors = {
         kind.type_word: parse_selectors(annotations, kind)

@@ -10,6 +10,7 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from hami import log
+from hami.kube.objects import metadata_of
 from hami.kube.raw import KubeError, request
 
 _log = log.get(__name__)
@@ -25,7 +26,7 @@ async def emit_pod_event(
     component: str = "hami-scheduler",
 ) -> bool:
     """Create a core/v1 Event for ``pod``; failures are logged, never raised."""
-    meta = pod.get("metadata") or {}
+    meta = metadata_of(pod)
     namespace = meta.get("namespace", "default")
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     body = {

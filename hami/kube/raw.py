@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
@@ -117,13 +117,3 @@ async def open_stream(
         error = _BY_STATUS.get(response.status, KubeError)
         raise error(response.status, str(response.reason), message, path)
     return response
-
-
-def metadata_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta: Mapping[str, Any] = obj.get("metadata") or {}
-    return meta
-
-
-def annotations_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
-    found: Mapping[str, str] = metadata_of(obj).get("annotations") or {}
-    return found

@@ -17,6 +17,7 @@ import aiohttp
 from kubernetes_asyncio import client
 
 from hami import log
+from hami.kube.objects import metadata_of
 from hami.kube.raw import JSON, Gone, KubeError, open_stream, request
 
 Handler = Callable[[str, JSON], None]
@@ -24,7 +25,7 @@ WATCH_SECONDS = 300
 
 
 def object_key(obj: JSON) -> str:
-    meta = obj.get("metadata") or {}
+    meta = metadata_of(obj)
     namespace = meta.get("namespace")
     return f"{namespace}/{meta.get('name')}" if namespace else str(meta.get("name"))
 
@@ -83,13 +84,13 @@ class Reflector:
         listed = await request(
             self.api, "GET", self.path, query=self._selectors(), request_timeout=120
         )
-        self.resource_version = str((listed.get("metadata") or {}).get("resourceVersion", ""))
+        self.resource_version = str(metadata_of(listed).get("resourceVersion", ""))
         items: list[JSON] = listed.get("items") or []
         seen: set[str] = set()
         for obj in items:
             key = object_key(obj)
             seen.add(key)
-            version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+            version = str(metadata_of(obj).get("resourceVersion", ""))
             previous = self._known.get(key)
             if previous == version:
                 continue
@@ -137,7 +138,7 @@ class Reflector:
             raise KubeError(
                 int(code or 0), str(obj.get("reason", "")), str(obj.get("message")), self.path
             )
-        version = (obj.get("metadata") or {}).get("resourceVersion")
+        version = metadata_of(obj).get("resourceVersion")
         if version:
             self.resource_version = str(version)
         if kind in ("ADDED", "MODIFIED", "DELETED"):
@@ -148,7 +149,7 @@ class Reflector:
         if kind == "DELETED":
             self._known.pop(key, None)
         else:
-            self._known[key] = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+            self._known[key] = str(metadata_of(obj).get("resourceVersion", ""))
         try:
             self.handler(kind, obj)
         except Exception:  # one bad object must not stop the stream

@@ -23,6 +23,7 @@ from hami.backends.base import (
     ContainerAllocation,
     Device,
 )
+from hami.kube.objects import annotations_of, metadata_of
 from hami.protocol import (
     ContainerDevice,
     ProtocolError,
@@ -51,32 +52,27 @@ class AllocateError(Exception):
 
 
 def pod_ref(pod: Pod) -> str:
-    meta = pod.get("metadata") or {}
+    meta = metadata_of(pod)
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-
-
-def _annotations(obj: Pod) -> Mapping[str, str]:
-    found: Mapping[str, str] = (obj.get("metadata") or {}).get("annotations") or {}
-    return found
 
 
 def _bind_time(pod: Pod) -> int:
     try:
-        return int(_annotations(pod).get(keys.BIND_TIME, ""))
+        return int(annotations_of(pod).get(keys.BIND_TIME, ""))
     except ValueError:
         return 2**63  # unknown bind time: after every pod that has one
 
 
 def is_pending_for(pod: Pod, node: str, to_allocate_key: str) -> bool:
     """The pod waits for allocation on this node (bind-phase allocating, vgpu-node = node)."""
-    annotations = _annotations(pod)
+    annotations = annotations_of(pod)
     phase = (pod.get("status") or {}).get("phase", "Pending")
     return (
         phase == "Pending"
         and annotations.get(keys.BIND_PHASE) == BindPhase.ALLOCATING
         and annotations.get(keys.VGPU_NODE) == node
         and to_allocate_key in annotations
-        and not (pod.get("metadata") or {}).get("deletionTimestamp")
+        and not metadata_of(pod).get("deletionTimestamp")
     )
 
 
@@ -84,7 +80,7 @@ def has_work(pod: Pod, to_allocate_key: str) -> bool:
     """The value still has an entry for this backend, or is malformed (to be failed). A pod
     whose entries of this type are all done waits only for another type's Allocate."""
     try:
-        entries = decode_pod_devices(_annotations(pod).get(to_allocate_key, ""))
+        entries = decode_pod_devices(annotations_of(pod).get(to_allocate_key, ""))
     except ProtocolError:
         return True
     return first_pending_entry(entries) is not None
@@ -108,7 +104,7 @@ def choose_pod(
         pending,
         key=lambda p: (
             _bind_time(p),
-            str((p.get("metadata") or {}).get("creationTimestamp", "")),
+            str(metadata_of(p).get("creationTimestamp", "")),
             pod_ref(p),
         ),
     )
@@ -157,7 +153,7 @@ def plan_allocation(
     Raises AllocateError naming the pod and the cause."""
     ref = pod_ref(pod)
     key = backend.to_allocate_key
-    value = _annotations(pod).get(key)
+    value = annotations_of(pod).get(key)
     if value is None:
         raise AllocateError(f"annotation {key} is missing", ref)
     try:
@@ -165,7 +161,7 @@ def plan_allocation(
     except ProtocolError as exc:
         raise AllocateError(f"annotation {key}: {exc}", ref) from None
     containers = _containers(pod)
-    meta = pod.get("metadata") or {}
+    meta = metadata_of(pod)
     plans: list[ContainerPlan] = []
     for count in requested:
         index = first_pending_entry(entries)
@@ -220,7 +216,7 @@ def _others_pending(pod: Pod, key: str) -> bool:
     """Another backend's ``*devices-to-allocate`` value still has entries (a pod using two
     device types is done only when every type is allocated). Malformed values do not block:
     that backend's own Allocate fails the pod."""
-    for other, value in _annotations(pod).items():
+    for other, value in annotations_of(pod).items():
         if other == key or not other.endswith("devices-to-allocate"):
             continue
         try:
@@ -233,7 +229,7 @@ def _others_pending(pod: Pod, key: str) -> bool:
 
 def pending_uuids(pod: Pod, backend: Backend) -> list[str] | None:
     """The devices of the pod's next container (what GetPreferredAllocation steers to)."""
-    value = _annotations(pod).get(backend.to_allocate_key)
+    value = annotations_of(pod).get(backend.to_allocate_key)
     if value is None:
         return None
     try:
@@ -334,7 +330,7 @@ class Allocator:
 
     async def _find(self, backend: Backend) -> tuple[Pod | None, Mapping[str, Any]]:
         node = await self.kube.get_node(self.node)
-        lock = parse_lock(_annotations(node).get(keys.NODE_LOCK))
+        lock = parse_lock(annotations_of(node).get(keys.NODE_LOCK))
         lock_pod: Pod | None = None
         if lock is not None:
             try:
@@ -388,7 +384,7 @@ class Allocator:
         except OSError as exc:
             await self._fail(pod, f"cannot create host directory: {exc}")
             raise AllocateError(f"cannot create host directory: {exc}", ref) from None
-        meta = pod.get("metadata") or {}
+        meta = metadata_of(pod)
         try:
             await self.kube.patch_pod(meta["namespace"], meta["name"], plan.annotations)
         except Exception as exc:
@@ -409,7 +405,7 @@ class Allocator:
     async def _fail(self, pod: Pod, cause: str) -> None:
         ref = pod_ref(pod)
         self.log.warning("allocate_failed", pod=ref, cause=cause)
-        meta = pod.get("metadata") or {}
+        meta = metadata_of(pod)
         try:
             await self.kube.patch_pod(
                 meta["namespace"], meta["name"], {keys.BIND_PHASE: BindPhase.FAILED.value}
@@ -430,11 +426,11 @@ class Allocator:
             try:
                 node = known if known is not None else await self.kube.get_node(self.node)
                 known = None
-                value = _annotations(node).get(keys.NODE_LOCK)
+                value = annotations_of(node).get(keys.NODE_LOCK)
                 lock = parse_lock(value)
                 if value is None or (lock is not None and f"{lock.namespace}/{lock.pod}" != ref):
                     return
-                rv = (node.get("metadata") or {}).get("resourceVersion")
+                rv = metadata_of(node).get("resourceVersion")
                 await self.kube.patch_node(self.node, {keys.NODE_LOCK: None}, rv)
                 self.log.debug("node_lock_released", pod=ref)
                 return
@@ -447,7 +443,7 @@ class Allocator:
 
     async def _release_stale_lock(self, node: Mapping[str, Any]) -> None:
         """With no pending pod, a lock whose pod is gone (or malformed, or expired) is stale."""
-        value = _annotations(node).get(keys.NODE_LOCK)
+        value = annotations_of(node).get(keys.NODE_LOCK)
         if value is None:
             return
         lock = parse_lock(value)
@@ -458,7 +454,7 @@ class Allocator:
             except Exception as exc:
                 stale = self.kube.is_not_found(exc)
         if stale:
-            rv = (node.get("metadata") or {}).get("resourceVersion")
+            rv = metadata_of(node).get("resourceVersion")
             with contextlib.suppress(Exception):
                 await self.kube.patch_node(self.node, {keys.NODE_LOCK: None}, rv)
                 self.log.info("stale_node_lock_released", lock=value)

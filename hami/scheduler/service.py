@@ -24,9 +24,10 @@ from typing import Any
 
 from hami import log
 from hami.config import SchedulerConfig
-from hami.core.cluster import Cluster, PodRecord, pod_key
+from hami.core.cluster import Cluster, PodRecord
 from hami.core.requests import DeviceKind, PodRequest, RequestError, parse_pod
 from hami.kube import events, patch
+from hami.kube.objects import annotations_of, metadata_of, pod_key
 from hami.kube.raw import Conflict, KubeError, NotFound
 from hami.protocol import NodeLock, encode_pod_devices, keys, parse_lock
 from hami.scheduler.metrics import SchedulerMetrics
@@ -113,7 +114,7 @@ class Scheduler:
     # ------------------------------------------------------------------ watches
 
     def on_node(self, kind: str, obj: Json) -> None:
-        name = str((obj.get("metadata") or {}).get("name") or "")
+        name = str(metadata_of(obj).get("name") or "")
         if kind == "DELETED":
             self.cluster.delete_node(name)
             self._node_errors.pop(name, None)
@@ -264,7 +265,7 @@ class Scheduler:
             _log.debug("no node fits", pod=key, summary=message)
             self._event(pod, "FilteringFailed", message, "Warning")
             return {"NodeNames": [], "FailedNodes": decision.failed, "Error": ""}, "unschedulable"
-        meta = pod.get("metadata") or {}
+        meta = metadata_of(pod)
         uid = str(meta.get("uid") or "")
         previous = self.cluster.reserve(key, uid, decision.node, fit)
         self.metrics.decision_seconds.observe(time.perf_counter() - began)
@@ -298,7 +299,7 @@ class Scheduler:
     def _decision_annotations(
         self, pod: Mapping[str, Any], node: str, assignment: Mapping[str, Any]
     ) -> dict[str, str | None]:
-        existing: Mapping[str, str] = (pod.get("metadata") or {}).get("annotations") or {}
+        existing = annotations_of(pod)
         annotations: dict[str, str | None] = {
             keys.VGPU_NODE: node,
             keys.VGPU_TIME: str(int(self.clock.now().timestamp())),
@@ -396,8 +397,8 @@ class Scheduler:
         key = f"{namespace}/{name}"
         with contextlib.suppress(KubeError):
             current = await patch.get_node(self.api, node)
-            meta = current.get("metadata") or {}
-            lock = parse_lock((meta.get("annotations") or {}).get(keys.NODE_LOCK))
+            meta = metadata_of(current)
+            lock = parse_lock(annotations_of(current).get(keys.NODE_LOCK))
             if lock is not None and (lock.namespace, lock.pod) == (namespace, name):
                 await patch.patch_node_annotations(
                     self.api,
@@ -423,8 +424,8 @@ class Scheduler:
                 current = await patch.get_node(self.api, node)
             except KubeError as exc:
                 raise BindError(f"hami bind: reading node {node} failed: {exc}") from exc
-            meta = current.get("metadata") or {}
-            value = (meta.get("annotations") or {}).get(keys.NODE_LOCK)
+            meta = metadata_of(current)
+            value = annotations_of(current).get(keys.NODE_LOCK)
             holder = await self._live_holder(value, node, namespace, name, expiry)
             if holder is not None:
                 remaining = deadline - self.clock.monotonic()
@@ -506,7 +507,7 @@ class Scheduler:
         if request is None:
             return {"pod": key, "error": "the pod asks for no device hami manages", "nodes": {}}
         reasons = self.cluster.explain(request, sorted(self.cluster.nodes))
-        annotations: Mapping[str, str] = (pod.get("metadata") or {}).get("annotations") or {}
+        annotations = annotations_of(pod)
         return {
             "pod": key,
             "error": "",
@@ -552,7 +553,7 @@ def _node_names(args: Mapping[str, Any]) -> list[str]:
     nodes = args.get("nodes")
     items = nodes.get("items") if isinstance(nodes, Mapping) else None
     if isinstance(items, list):
-        return [str((i.get("metadata") or {}).get("name")) for i in items if isinstance(i, Mapping)]
+        return [str(metadata_of(i).get("name")) for i in items if isinstance(i, Mapping)]
     return []
 
 
@@ -564,7 +565,7 @@ def _with_nodes(args: Mapping[str, Any], answer: Json, chosen: Sequence[str]) ->
         items = [
             item
             for item in nodes.get("items") or []
-            if isinstance(item, Mapping) and (item.get("metadata") or {}).get("name") in wanted
+            if isinstance(item, Mapping) and metadata_of(item).get("name") in wanted
         ]
         answer["Nodes"] = {**nodes, "items": items}
     return answer
@@ -582,7 +583,7 @@ def _bind_reason(message: str) -> str:
 
 def _lock_holder_moved_on(holder: Mapping[str, Any], node: str) -> str | None:
     """Why a live lock holder no longer needs this node's lock, or None if it does."""
-    annotations = (holder.get("metadata") or {}).get("annotations") or {}
+    annotations = annotations_of(holder)
     if annotations.get(keys.BIND_PHASE) in (keys.BindPhase.SUCCESS, keys.BindPhase.FAILED):
         return f"its pod's allocation already ended ({annotations[keys.BIND_PHASE]})"
     bound_to = (holder.get("spec") or {}).get("nodeName")

@@ -38,8 +38,8 @@ from typing import Any
 from hami import config, log
 from hami.backends.base import BackendSettings
 from hami.backends.fake import FakeBackend
+from hami.kube.objects import annotations_of, metadata_of
 from hami.kube.raw import KubeError, NotFound, request
-from hami.kube.raw import annotations_of as raw_annotations_of
 from hami.node.agent import NodeAgent
 from hami.protocol import ContainerDevice, decode_pod_devices
 from hami.scheduler.role import SchedulerRole
@@ -161,12 +161,8 @@ def gpu_pod(
 
 def pod_devices(pod: Mapping[str, Any], key: str = ALLOCATED) -> list[list[ContainerDevice]]:
     """The decoded ``*-devices-*`` value of a pod (one list per container)."""
-    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(key)
+    value = annotations_of(pod).get(key)
     return decode_pod_devices(value) if value is not None else []
-
-
-def annotations_of(pod: Mapping[str, Any]) -> dict[str, str]:
-    return dict(raw_annotations_of(pod))
 
 
 def phase_of(pod: Mapping[str, Any]) -> str:
@@ -686,7 +682,7 @@ class LocalCluster:
     ) -> PodAdmission:
         """What the kubelet emulator of the pod's node did with it (waits until it is done:
         the pod's status can be read a moment before the emulator records it)."""
-        meta = pod.get("metadata") or {}
+        meta = metadata_of(pod)
         node_name = str((pod.get("spec") or {}).get("nodeName") or "")
         node = self.nodes.get(node_name)
         if node is None or node.kubelet is None:
@@ -748,6 +744,7 @@ __all__ = [
     "NodeSpec",
     "SimNode",
     "Timing",
+    "annotations_of",
     "gpu_pod",
     "limits",
     "phase_of",
