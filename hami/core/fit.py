@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hami.core.requests import DeviceRequest, PodRequest, Selectors
-from hami.core.usage import DeviceState, Use
+from hami.core.usage import DeviceState, Use, hold, with_init_peaks
 from hami.protocol import ContainerDevice, handshake
 
 CARD_UUID_MISMATCH = "CardUuidMismatch"
@@ -217,22 +217,15 @@ def fit_pod(
                         device.uuid, device_request.vendor, memory, device_request.cores
                     )
                 )
-                target = init_peak if is_init else overlay
-                use = target.setdefault(device.uuid, Use())
-                if is_init:
-                    use.slots = max(use.slots, 1)
-                    use.memory = max(use.memory, memory)
-                    use.cores = max(use.cores, device_request.cores)
-                else:
-                    use.slots += 1
-                    use.memory += memory
-                    use.cores += device_request.cores
-    usage = overlay
-    for uuid, peak in init_peak.items():
-        total = usage.setdefault(uuid, Use())
-        total.slots = max(total.slots, peak.slots)
-        total.memory = max(total.memory, peak.memory)
-        total.cores = max(total.cores, peak.cores)
+                hold(
+                    overlay,
+                    init_peak,
+                    device.uuid,
+                    memory,
+                    device_request.cores,
+                    is_init=is_init,
+                )
+    usage = with_init_peaks(overlay, init_peak)
     delta = 0.0
     for uuid, use in usage.items():
         device = devices_by_uuid[uuid]

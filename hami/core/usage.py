@@ -7,7 +7,7 @@ largest single init container there) and the sum of its app containers there.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hami.protocol import ContainerDevice, NodeDevice
@@ -26,6 +26,12 @@ class Use:
         self.memory += sign * other.memory
         self.cores += sign * other.cores
 
+    def raise_to(self, other: Use) -> None:
+        """Field by field, at least ``other``: init containers run one at a time."""
+        self.slots = max(self.slots, other.slots)
+        self.memory = max(self.memory, other.memory)
+        self.cores = max(self.cores, other.cores)
+
     def is_zero(self) -> bool:
         return self.slots == 0 and self.memory == 0 and self.cores == 0
 
@@ -36,21 +42,31 @@ def pod_usage(containers: Sequence[Sequence[ContainerDevice]], init_count: int) 
     init: dict[str, Use] = {}
     for position, devices in enumerate(containers):
         for device in devices:
-            if position < init_count:
-                peak = init.setdefault(device.uuid, Use())
-                peak.slots = max(peak.slots, 1)
-                peak.memory = max(peak.memory, device.memory)
-                peak.cores = max(peak.cores, device.cores)
-            else:
-                total = app.setdefault(device.uuid, Use())
-                total.slots += 1
-                total.memory += device.memory
-                total.cores += device.cores
+            hold(app, init, device.uuid, device.memory, device.cores, is_init=position < init_count)
+    return with_init_peaks(app, init)
+
+
+def hold(
+    app: dict[str, Use],
+    init: dict[str, Use],
+    uuid: str,
+    memory: int,
+    cores: int,
+    *,
+    is_init: bool,
+) -> None:
+    """Count one container's slice: app containers add up, init containers peak."""
+    one = Use(1, memory, cores)
+    if is_init:
+        init.setdefault(uuid, Use()).raise_to(one)
+    else:
+        app.setdefault(uuid, Use()).add(one)
+
+
+def with_init_peaks(app: dict[str, Use], init: Mapping[str, Use]) -> dict[str, Use]:
+    """``app`` raised, per device, to the init containers' peak (the pod's whole hold)."""
     for uuid, peak in init.items():
-        total = app.setdefault(uuid, Use())
-        total.slots = max(total.slots, peak.slots)
-        total.memory = max(total.memory, peak.memory)
-        total.cores = max(total.cores, peak.cores)
+        app.setdefault(uuid, Use()).raise_to(peak)
     return app
 
 
