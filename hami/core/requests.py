@@ -23,7 +23,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from hami.backends.base import ResourceNames
-from hami.kube.objects import annotations_of, pod_key
+from hami.kube.objects import annotations_of, pod_containers, pod_key
 from hami.protocol import keys
 
 POLICIES = ("binpack", "spread")
@@ -280,13 +280,6 @@ def _policy(annotations: Mapping[str, str], key: str) -> str | None:
     if value not in POLICIES:
         raise RequestError(f"annotation {key}: expected binpack or spread, got {value!r}")
     return value
-
-
-def pod_containers(pod: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]], int]:
-    """Init containers then app containers, and how many are init containers."""
-    spec = pod.get("spec") or {}
-    init = list(spec.get("initContainers") or [])
-    return init + list(spec.get("containers") or []), len(init)
 
 
 def parse_pod(pod: Mapping[str, Any], kinds: Sequence[DeviceKind]) -> PodRequest | None:

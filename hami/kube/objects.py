@@ -20,6 +20,14 @@ def annotations_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
     return found
 
 
+def pod_containers(pod: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]], int]:
+    """Init containers then app containers (the order of device entries), and how many are
+    init containers."""
+    spec = pod.get("spec") or {}
+    init = list(spec.get("initContainers") or [])
+    return init + list(spec.get("containers") or []), len(init)
+
+
 def pod_key(pod: Mapping[str, Any]) -> str:
     """``namespace/name``; a pod sent without a namespace is in ``default``."""
     meta = metadata_of(pod)

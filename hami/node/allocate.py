@@ -23,7 +23,7 @@ from hami.backends.base import (
     ContainerAllocation,
     Device,
 )
-from hami.kube.objects import annotations_of, metadata_of
+from hami.kube.objects import annotations_of, metadata_of, pod_containers
 from hami.protocol import (
     ContainerDevice,
     ProtocolError,
@@ -126,13 +126,6 @@ class AllocationPlan:
     done: bool  # no entry left: bind-phase success, release the node lock
 
 
-def _containers(pod: Pod) -> list[Mapping[str, Any]]:
-    spec = pod.get("spec") or {}
-    found: list[Mapping[str, Any]] = list(spec.get("initContainers") or [])
-    found += list(spec.get("containers") or [])
-    return found
-
-
 def _env(container: Mapping[str, Any]) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in container.get("env") or []:
@@ -160,7 +153,7 @@ def plan_allocation(
         entries = decode_pod_devices(value)
     except ProtocolError as exc:
         raise AllocateError(f"annotation {key}: {exc}", ref) from None
-    containers = _containers(pod)
+    containers, _ = pod_containers(pod)
     meta = metadata_of(pod)
     plans: list[ContainerPlan] = []
     for count in requested:

@@ -18,13 +18,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hami import log
-from hami.core.requests import (
-    DeviceKind,
-    RequestError,
-    asks_for,
-    parse_pod,
-    pod_containers,
-)
+from hami.core.requests import DeviceKind, RequestError, asks_for, parse_pod
+from hami.kube.objects import pod_containers
 
 _log = log.get(__name__)
 DEFAULT_SCHEDULER = "default-scheduler"
