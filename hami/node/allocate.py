@@ -334,7 +334,8 @@ class Allocator:
         if lock_pod is not None and is_candidate(lock_pod, self.node, backend.to_allocate_key):
             return lock_pod, node
         candidates = await self.kube.list_pods(f"spec.nodeName={self.node},status.phase=Pending")
-        return choose_pod(self.node, backend.to_allocate_key, lock_pod, candidates), node
+        # None: the lock's pod was just ruled out; choose_pod would decode it again.
+        return choose_pod(self.node, backend.to_allocate_key, None, candidates), node
 
     async def preferred(self, backend: Backend) -> list[str] | None:
         """The uuids the scheduler chose for the next container, None when unknown."""
