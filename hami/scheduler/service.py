@@ -24,7 +24,7 @@ from typing import Any
 
 from hami import log
 from hami.config import SchedulerConfig
-from hami.core.cluster import Cluster, PodRecord
+from hami.core.cluster import FINISHED_PHASES, Cluster, PodRecord
 from hami.core.requests import DeviceKind, PodRequest, RequestError, parse_pod
 from hami.kube import events, patch
 from hami.kube.objects import annotations_of, metadata_of, pod_key
@@ -480,7 +480,7 @@ class Scheduler:
         except KubeError:
             return lock  # cannot tell: treat as held
         phase = (holder.get("status") or {}).get("phase")
-        if phase in ("Succeeded", "Failed"):
+        if phase in FINISHED_PHASES:
             _log.info("taking over the lock of a finished pod", node=node, lock=value)
             return None
         reason = _lock_holder_moved_on(holder, node)
