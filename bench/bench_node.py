@@ -69,6 +69,7 @@ from hami.node.metrics import NodeMetrics
 from hami.node.registration import Registrar, registration_annotations
 from hami.node.state import DeviceState
 from hami.protocol import ContainerDevice, NodeLock, encode_pod_devices, keys
+from hami.testkit.cluster import poll
 from hami.testkit.controlplane import ControlPlane, api_client, free_port
 
 NAMESPACE = "hami-bench"
@@ -308,7 +309,7 @@ async def in_process(
     try:
         await agent.wait_ready(30)
         # the start-up registration goes through the same tally: let it finish first
-        await wait_for(lambda: _registered(agent), 30, "the first registration")
+        await poll(lambda: _registered(agent), 30, "the first registration", interval=0.05)
         socket = work / "plugins" / "hami-nvidia.sock"
         uuids = [d.uuid for d in await backend.enumerate()]
         for containers in (1, 3):
@@ -370,15 +371,6 @@ def spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-async def wait_for(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:  # noqa: ASYNC109
-    try:
-        async with asyncio.timeout(timeout):
-            while not await check():  # noqa: ASYNC110 - polls the API server / the file system
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise RuntimeError(f"timed out after {timeout}s waiting for {what}") from None
-
-
 async def agent_process(
     api: Any, plane: ControlPlane, work: Path, args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -417,7 +409,7 @@ async def agent_process(
             annotations = (await patch.get_node(api, node))["metadata"].get("annotations") or {}
             return socket.exists() and REGISTER in annotations
 
-        await wait_for(registered, 60, "the agent process to register")
+        await poll(registered, 60, "the agent process to register", interval=0.05)
         startup = time.perf_counter() - began
         await asyncio.sleep(1.0)
         idle = rss_mib(proc.pid)

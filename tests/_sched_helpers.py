@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -118,21 +118,6 @@ async def post(url: str, body: Any) -> dict[str, Any]:
         assert resp.status == 200, await resp.text()
         data: dict[str, Any] = await resp.json()
         return data
-
-
-async def until(check: Callable[[], bool | Awaitable[bool]], seconds: float = 10.0) -> None:
-    """Wait for a condition that watch events make true (bounded)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while True:
-        result = check()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if loop.time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 def unique(prefix: str) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,6 +13,7 @@ from hami.kube.events import emit_pod_event
 from hami.kube.objects import annotations_of
 from hami.kube.raw import JSON, Conflict, Gone, KubeError, NotFound, request
 from hami.kube.reflector import Reflector, object_key
+from hami.testkit.cluster import poll
 
 pytestmark = pytest.mark.controlplane
 
@@ -33,12 +33,6 @@ def _pod(name: str, namespace: str, node: str | None = None) -> JSON:
 async def _node(api: Any, name: str) -> JSON:
     body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
     return await request(api, "POST", "/api/v1/nodes", body=body)
-
-
-async def _eventually(check: Callable[[], bool], within: float = 10.0) -> None:
-    async with asyncio.timeout(within):
-        while not check():  # noqa: ASYNC110 - polling state the API server changes
-            await asyncio.sleep(0.05)
 
 
 async def test_merge_patch_sets_and_deletes_annotations(api_client: Any) -> None:
@@ -114,11 +108,11 @@ async def test_reflector_lists_watches_and_reports_deletes(api_client: Any, name
         await asyncio.wait_for(reflector.synced.wait(), 10)
         assert set(seen) == {f"{namespace}/before"}
         await request(api_client, "POST", pods, body=_pod("after", namespace))
-        await _eventually(lambda: f"{namespace}/after" in seen)
+        await poll(lambda: f"{namespace}/after" in seen)
         await patch.patch_pod_annotations(api_client, namespace, "after", {"k": "v"})
-        await _eventually(lambda: annotations_of(seen[f"{namespace}/after"]).get("k") == "v")
+        await poll(lambda: annotations_of(seen[f"{namespace}/after"]).get("k") == "v")
         await request(api_client, "DELETE", f"{pods}/before", query=[("gracePeriodSeconds", 0)])
-        await _eventually(lambda: f"{namespace}/before" not in seen)
+        await poll(lambda: f"{namespace}/before" not in seen)
         before = len(log)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -126,7 +120,7 @@ async def test_reflector_lists_watches_and_reports_deletes(api_client: Any, name
         # Objects deleted while the reflector was down still arrive as DELETED on re-list.
         await request(api_client, "DELETE", f"{pods}/after", query=[("gracePeriodSeconds", 0)])
         task = asyncio.create_task(reflector.run())
-        await _eventually(lambda: f"{namespace}/after" not in seen)
+        await poll(lambda: f"{namespace}/after" not in seen)
         assert ("DELETED", f"{namespace}/after") in log[before:]
         assert seen == {}
     finally:
@@ -160,9 +154,9 @@ async def test_reflector_relists_after_gone(api_client: Any, namespace: str) -> 
     reflector._watch = watch_gone_once  # type: ignore[method-assign]
     task = asyncio.create_task(reflector.run())
     try:
-        await _eventually(lambda: lists == 2)
+        await poll(lambda: lists == 2)
         await request(api_client, "POST", pods, body=_pod("b", namespace))
-        await _eventually(lambda: kinds.count("ADDED") == 2)
+        await poll(lambda: kinds.count("ADDED") == 2)
         assert kinds == ["ADDED", "ADDED"]  # the re-list repeated nothing
     finally:
         task.cancel()

@@ -24,6 +24,7 @@ from hami.kube import patch
 from hami.node import NodeAgent
 from hami.protocol import keys
 from hami.testkit import ControlPlane, KubeletEmulator
+from hami.testkit.cluster import poll
 
 SPLIT = 4
 RESOURCE = "nvidia.com/gpu"
@@ -39,20 +40,6 @@ AgentFactory = Callable[..., Awaitable[NodeAgent]]
 def _logging_to_real_stderr() -> None:
     """Another test's cli.main may have pointed logging at a capture stream closed since."""
     log.configure("info", "console", stream=sys.__stderr__)
-
-
-async def wait_until(
-    check: Callable[[], Awaitable[bool]],
-    timeout: float = 20.0,  # noqa: ASYNC109
-    what: str = "condition",
-) -> None:
-
-    try:
-        async with asyncio.timeout(timeout):
-            while not await check():  # noqa: ASYNC110 - polls the API server
-                await asyncio.sleep(0.1)
-    except TimeoutError:
-        raise AssertionError(f"timed out after {timeout}s waiting for {what}") from None
 
 
 def counting_clock() -> Callable[[], datetime]:
@@ -145,7 +132,7 @@ async def test_registration_annotations_and_heartbeat(
             seen.append(value)
         return len(seen) >= 4
 
-    await wait_until(four_heartbeats, 20, "4 distinct heartbeats")
+    await poll(four_heartbeats, 20, "4 distinct heartbeats")
     annotations = await node_annotations(api_client, node)
     assert annotations[REGISTER] == (
         f"GPU-{node}-0,{SPLIT},32768,100,NVIDIA-Tesla V100-PCIE-32GB,0,true:"
@@ -173,11 +160,11 @@ async def test_kubelet_restart_reregisters_and_restores_allocatable(
         obj = await patch.get_node(api_client, node)
         return bool(obj.get("status", {}).get("allocatable", {}).get(RESOURCE) == expected)
 
-    await wait_until(lambda: allocatable(str(2 * SPLIT)), 10, "allocatable 8")
+    await poll(lambda: allocatable(str(2 * SPLIT)), 10, "allocatable 8")
     await kubelet.restart()
     await kubelet.wait_for(lambda: len(kubelet.registrations) >= 2, 10)
     await kubelet.wait_for_resource(RESOURCE, healthy=2 * SPLIT, timeout=10)
-    await wait_until(lambda: allocatable(str(2 * SPLIT)), 10, "allocatable restored")
+    await poll(lambda: allocatable(str(2 * SPLIT)), 10, "allocatable restored")
     assert agent.plugins["fake"].registrations == 2
 
 
@@ -460,13 +447,13 @@ async def test_api_server_outage_retries_and_recovers(
         async def registered() -> bool:
             return REGISTER in await node_annotations(api_client, node)
 
-        await wait_until(registered, 10, "first registration")
+        await poll(registered, 10, "first registration")
         await proxy.stop()
 
         async def failing() -> bool:
             return registrar.failures >= 2
 
-        await wait_until(failing, 20, "failed heartbeats while the API server is away")
+        await poll(failing, 20, "failed heartbeats while the API server is away")
         before = (await node_annotations(api_client, node))[HANDSHAKE]
         await proxy.start()
 
@@ -474,7 +461,7 @@ async def test_api_server_outage_retries_and_recovers(
             value = (await node_annotations(api_client, node)).get(HANDSHAKE)
             return registrar.failures == 0 and value != before
 
-        await wait_until(recovered, 20, "heartbeat after the API server came back")
+        await poll(recovered, 20, "heartbeat after the API server came back")
         metrics = agent.metrics.render().decode()
         assert 'hami_node_registration_failures_total{backend="fake"}' in metrics
         assert agent.status()["backends"]["fake"]["registration_failures"] == 0
@@ -535,6 +522,6 @@ async def test_unhealthy_device_reaches_kubelet_and_node_at_once(
         value = (await node_annotations(api_client, node)).get(REGISTER, "")
         return f"GPU-{node}-1,{SPLIT},32768,100,NVIDIA-Tesla V100-PCIE-32GB,0,false:" in value
 
-    await wait_until(marked, 10, "healthy=false in the register annotation")
+    await poll(marked, 10, "healthy=false in the register annotation")
     backend.on_change(f"GPU-{node}-1", True)
     await kubelet.wait_for_resource(RESOURCE, healthy=2 * SPLIT, timeout=10)

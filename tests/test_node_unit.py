@@ -37,6 +37,7 @@ from hami.node.metrics import NodeMetrics
 from hami.node.registration import Registrar
 from hami.node.state import DeviceState
 from hami.protocol import keys
+from hami.testkit.cluster import poll
 
 
 @pytest.fixture(autouse=True)
@@ -191,7 +192,7 @@ async def test_registrar_writes_at_once_retries_and_reacts_to_health(tmp_path: P
     )
     task = asyncio.create_task(registrar.run())
     try:
-        await wait_until(lambda: writes, 5)
+        await poll(lambda: bool(writes), 5)
         assert writes[0] == {
             "hami.io/node-nvidia-register": "GPU-u-0,4,16384,100,NVIDIA-Test,0,true:"
             "GPU-u-1,4,16384,100,NVIDIA-Test,0,true:",
@@ -200,7 +201,7 @@ async def test_registrar_writes_at_once_retries_and_reacts_to_health(tmp_path: P
         assert registrar.failures == 0
         # A health change is written at once, not after the 30 s period.
         state.on_health("GPU-u-1", False)
-        await wait_until(lambda: len(writes) >= 2, 5)
+        await poll(lambda: len(writes) >= 2, 5)
         assert "GPU-u-1,4,16384,100,NVIDIA-Test,0,false:" in str(
             writes[1]["hami.io/node-nvidia-register"]
         )
@@ -312,12 +313,6 @@ def short_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-async def wait_until(predicate: Any, timeout: float = 10.0) -> None:  # noqa: ASYNC109
-    async with asyncio.timeout(timeout):
-        while not predicate():  # noqa: ASYNC110 - polls plain state, no event to await
-            await asyncio.sleep(0.02)
-
-
 @contextlib.asynccontextmanager
 async def running_agent(
     short_dir: Path, kube: MemoryKube, backend: FakeBackend
@@ -350,7 +345,7 @@ async def test_plugin_allocate_health_and_reregistration(short_dir: Path) -> Non
     backend = HealthyFake(fake_backend(short_dir).settings)
     try:
         async with running_agent(short_dir, kube, backend) as agent:
-            await wait_until(lambda: len(kubelet.requests) == 1)
+            await poll(lambda: len(kubelet.requests) == 1)
             request = kubelet.requests[0]
             assert (request.version, request.endpoint, request.resource_name) == (
                 "v1beta1",
@@ -358,7 +353,7 @@ async def test_plugin_allocate_health_and_reregistration(short_dir: Path) -> Non
                 "nvidia.com/gpu",
             )
             assert request.options.get_preferred_allocation_available
-            await wait_until(
+            await poll(
                 lambda: (
                     "hami.io/node-nvidia-register"
                     in kube.nodes[NODE]["metadata"].get("annotations", {})
@@ -381,7 +376,7 @@ async def test_plugin_allocate_health_and_reregistration(short_dir: Path) -> Non
                         "GPU-u-1-0",
                     ]
                     assert {d.health for d in first.devices} == {"Healthy"}
-                    await wait_until(lambda: backend.callback is not None)
+                    await poll(lambda: backend.callback is not None)
                     assert backend.callback is not None
                     backend.callback("GPU-u-1", False)
                     second = await lw.recv_message()
@@ -432,10 +427,10 @@ async def test_plugin_allocate_health_and_reregistration(short_dir: Path) -> Non
             # kubelet restarts: a new kubelet.sock -> registered again within seconds.
             await kubelet.stop()
             await kubelet.start()
-            await wait_until(lambda: len(kubelet.requests) == 2)
+            await poll(lambda: len(kubelet.requests) == 2)
             # kubelet wiped the directory: the plugin serves a new socket and registers.
             (short_dir / "hami-nvidia.sock").unlink()
-            await wait_until(lambda: len(kubelet.requests) == 3)
+            await poll(lambda: len(kubelet.requests) == 3)
             assert (short_dir / "hami-nvidia.sock").exists()
             assert agent.metrics.render().count(b"hami_node_allocate_calls_total") >= 1
     finally:

@@ -24,13 +24,13 @@ from _sched_helpers import (
     register,
     running_scheduler,
     unique,
-    until,
 )
 from aiohttp import web
 
 from hami import cli, config, log
 from hami.scheduler import http as sched_http
 from hami.scheduler.service import Scheduler
+from hami.testkit.cluster import poll
 
 REPORTED = "Reported_2024-05-20 09:59:50"
 
@@ -83,7 +83,7 @@ async def test_scheduler_process_serves_and_stops_on_sigterm(
                 except aiohttp.ClientError:
                     return False
 
-            await until(ready, 60)
+            await poll(ready, 60)
             async with session.get(f"http://127.0.0.1:{port}/metrics") as resp:
                 assert "hami_filter_duration_seconds" in await resp.text()
         proc.send_signal(signal.SIGTERM)
@@ -133,7 +133,7 @@ async def test_explain_from_scheduler_and_offline(
     try:
         await create_pod(api_client, namespace, gpu_pod("p", mem=8000))
         async with running_scheduler(api_client, FakeClock()) as role:
-            await until(lambda: all(n in role.scheduler.cluster.nodes for n in names))
+            await poll(lambda: all(n in role.scheduler.cluster.nodes for n in names))
             code = await asyncio.to_thread(
                 cli.main, ["explain", "p", "-n", namespace, "--url", role.url, "--json"]
             )

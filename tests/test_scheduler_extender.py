@@ -22,12 +22,12 @@ from _sched_helpers import (
     running_scheduler,
     scheduler_config,
     unique,
-    until,
 )
 
 from hami.kube import patch
 from hami.kube.raw import Conflict, KubeError, request
 from hami.protocol import decode_pod_devices, keys
+from hami.testkit.cluster import poll
 
 REPORTED = "Reported_2024-05-20 09:59:50"
 
@@ -54,7 +54,7 @@ async def test_filter_and_bind_write_the_protocol_annotations(
     nodes = await make_nodes(api_client, unique("fb"), 2)
     try:
         async with running_scheduler(api_client, fake) as role:
-            await until(lambda: all(n in role.scheduler.cluster.nodes for n in nodes))
+            await poll(lambda: all(n in role.scheduler.cluster.nodes for n in nodes))
             pod = await create_pod(api_client, namespace, gpu_pod("p1", mem=3000, cores=30))
             answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": nodes})
             assert answer["Error"] == ""
@@ -164,7 +164,7 @@ async def test_concurrent_filter_and_bind_never_overcommit(api_client: Any, name
     stop = asyncio.Event()
     try:
         async with running_scheduler(api_client, fake) as role:
-            await until(lambda: all(n in role.scheduler.cluster.nodes for n in nodes))
+            await poll(lambda: all(n in role.scheduler.cluster.nodes for n in nodes))
             pods = await asyncio.gather(
                 *(create_pod(api_client, namespace, gpu_pod(f"p{i}", mem=2000)) for i in range(50))
             )
@@ -210,7 +210,7 @@ async def test_concurrent_filter_and_bind_never_overcommit(api_client: Any, name
             expected = role.scheduler.cluster.usage_snapshot()
         # a restarted scheduler rebuilds the same usage from the API server alone
         async with running_scheduler(api_client, FakeClock()) as again:
-            await until(
+            await poll(
                 lambda: all(
                     again.scheduler.cluster.usage_snapshot().get(n) == expected.get(n)
                     for n in nodes
@@ -231,11 +231,11 @@ async def test_handshake_timeout_and_recovery(api_client: Any, namespace: str) -
     try:
         async with running_scheduler(api_client, fake) as role:
             cluster = role.scheduler.cluster
-            await until(lambda: name in cluster.nodes)
+            await poll(lambda: name in cluster.nodes)
             await role.scheduler.handshake_pass()
             node = await patch.get_node(api_client, name)
             assert node["metadata"]["annotations"][key] == "Requesting_2024-05-20 10:00:00"
-            await until(
+            await poll(
                 lambda: (cluster.nodes[name].types["nvidia"].handshake_value or "").startswith(
                     "Requesting"
                 )
@@ -261,7 +261,7 @@ async def test_handshake_timeout_and_recovery(api_client: Any, namespace: str) -
             await patch.patch_node_annotations(
                 api_client, name, {key: "Reported_2024-05-20 10:01:02"}
             )
-            await until(
+            await poll(
                 lambda: (cluster.nodes[name].types["nvidia"].handshake_value or "").startswith(
                     "Reported"
                 )
@@ -287,7 +287,7 @@ async def test_malformed_register_is_a_reason_not_a_crash(api_client: Any, names
     )
     try:
         async with running_scheduler(api_client, fake) as role:
-            await until(lambda: name in role.scheduler.cluster.nodes)
+            await poll(lambda: name in role.scheduler.cluster.nodes)
             pod = await create_pod(api_client, namespace, gpu_pod("p", mem=100))
             answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": [name, "nope"]})
             assert answer["NodeNames"] == []
@@ -307,7 +307,7 @@ async def test_bind_waits_for_a_live_lock_then_fails_and_rolls_back(
     (name,) = nodes
     try:
         async with running_scheduler(api_client, fake, cfg) as role:
-            await until(lambda: name in role.scheduler.cluster.nodes)
+            await poll(lambda: name in role.scheduler.cluster.nodes)
             holder = await create_pod(api_client, namespace, gpu_pod("holder", mem=100))
             await patch.patch_node_annotations(
                 api_client, name, {keys.NODE_LOCK: f"2024-05-20T09:59:00Z,{namespace},holder"}
@@ -403,7 +403,7 @@ async def test_lock_of_a_pod_that_moved_on_is_taken_over_at_once(
     (name,) = nodes
     try:
         async with running_scheduler(api_client, fake, cfg) as role:
-            await until(lambda: name in role.scheduler.cluster.nodes)
+            await poll(lambda: name in role.scheduler.cluster.nodes)
             for holder, annotations in (
                 ("elsewhere", {keys.VGPU_NODE: "some-other-node"}),
                 ("done", {keys.VGPU_NODE: name, keys.BIND_PHASE: "success"}),

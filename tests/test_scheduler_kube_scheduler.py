@@ -14,11 +14,11 @@ from _sched_helpers import (
     register,
     running_scheduler,
     unique,
-    until,
 )
 
 from hami.kube import patch
 from hami.protocol import keys
+from hami.testkit.cluster import poll
 
 CONFIG = Path(__file__).resolve().parent.parent / "config" / "kube-scheduler.yaml"
 
@@ -43,7 +43,7 @@ async def test_kube_scheduler_filters_and_binds_through_hami(
         config = yaml.safe_load(CONFIG.read_text())
         config["extenders"][0]["urlPrefix"] = role.url
         await kube_scheduler(config)
-        await until(
+        await poll(
             lambda: all(
                 n in role.scheduler.cluster.nodes and role.scheduler.cluster.nodes[n].types
                 for n in names
@@ -55,7 +55,7 @@ async def test_kube_scheduler_filters_and_binds_through_hami(
             pod = await get_pod(api_client, namespace, "big")
             return bool(pod["spec"].get("nodeName"))
 
-        await until(bound, 30)
+        await poll(bound, 30)
         pod = await get_pod(api_client, namespace, "big")
         assert pod["spec"]["nodeName"] == names[1]
         ann = pod["metadata"]["annotations"]
@@ -72,7 +72,7 @@ async def test_kube_scheduler_filters_and_binds_through_hami(
             conditions = (pod.get("status") or {}).get("conditions") or []
             return any(c.get("reason") == "Unschedulable" for c in conditions)
 
-        await until(reported, 30)
+        await poll(reported, 30)
         pod = await get_pod(api_client, namespace, "huge")
         message = next(
             c["message"] for c in pod["status"]["conditions"] if c.get("reason") == "Unschedulable"

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import inspect
 import shutil
 import tempfile
 import time
@@ -715,17 +716,18 @@ def _summary(pod: Mapping[str, Any] | None) -> str:
 
 async def poll(
     check: Callable[[], bool | Awaitable[bool]],
-    timeout: float,  # noqa: ASYNC109
+    timeout: float = 10.0,  # noqa: ASYNC109
     what: str = "condition",
     interval: float = 0.1,
 ) -> float:
     """Re-check ``check`` every ``interval`` until it holds; return the seconds it took.
-    Raises TimeoutError naming ``what`` after ``timeout`` seconds."""
+    Raises TimeoutError naming ``what`` after ``timeout`` seconds. The one polling loop of
+    the testkit, the tests and the benchmarks."""
     loop = asyncio.get_running_loop()
     began = loop.time()
     while True:
         result = check()
-        if not isinstance(result, bool):
+        if inspect.isawaitable(result):
             result = await result
         if result:
             return loop.time() - began
