@@ -157,10 +157,6 @@ class CertificateAuthority:
     def cert_pem(self) -> bytes:
         return self.cert.public_bytes(serialization.Encoding.PEM)
 
-    @property
-    def key_pem(self) -> bytes:
-        return _pem_key(self.key)
-
     def issue(
         self,
         common_name: str,
