@@ -8,6 +8,7 @@ from typing import Any
 from hami.backends.base import ResourceNames
 from hami.backends.nvidia_names import NVIDIA_ALLOCATED, NVIDIA_RESOURCES, NVIDIA_TO_ALLOCATE
 from hami.core.requests import DeviceKind
+from hami.testkit.cluster import limits
 
 NVIDIA = DeviceKind("nvidia", "NVIDIA", NVIDIA_RESOURCES, NVIDIA_ALLOCATED, NVIDIA_TO_ALLOCATE)
 MLU = DeviceKind(
@@ -33,16 +34,7 @@ def gpu(
     pct: int | None = None,
     cores: int | None = None,
 ) -> dict[str, Any]:
-    limits: dict[str, Any] = {}
-    if count is not None:
-        limits["nvidia.com/gpu"] = str(count)
-    if mem is not None:
-        limits["nvidia.com/gpumem"] = str(mem)
-    if pct is not None:
-        limits["nvidia.com/gpumem-percentage"] = str(pct)
-    if cores is not None:
-        limits["nvidia.com/gpucores"] = str(cores)
-    return {"name": name, "resources": {"limits": limits}}
+    return {"name": name, "resources": {"limits": limits(count, mem=mem, pct=pct, cores=cores)}}
 
 
 def pod(

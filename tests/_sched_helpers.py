@@ -16,6 +16,7 @@ from hami import config
 from hami.kube.raw import KubeError, request
 from hami.scheduler.role import SchedulerRole
 from hami.scheduler.service import Clock
+from hami.testkit.cluster import limits as nvidia_limits
 
 T0 = datetime(2024, 5, 20, 10, 0, 0, tzinfo=UTC)
 
@@ -89,11 +90,7 @@ def gpu_pod(
     cores: int | None = None,
     annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    limits: dict[str, str] = {"nvidia.com/gpu": str(count)}
-    if mem is not None:
-        limits["nvidia.com/gpumem"] = str(mem)
-    if cores is not None:
-        limits["nvidia.com/gpucores"] = str(cores)
+    limits = nvidia_limits(count, mem=mem, cores=cores)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -107,10 +104,6 @@ def gpu_pod(
 
 async def create_pod(api: Any, namespace: str, pod: dict[str, Any]) -> dict[str, Any]:
     return await request(api, "POST", f"/api/v1/namespaces/{namespace}/pods", body=pod)
-
-
-async def get_pod(api: Any, namespace: str, name: str) -> dict[str, Any]:
-    return await request(api, "GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
 
 
 async def post(url: str, body: Any) -> dict[str, Any]:

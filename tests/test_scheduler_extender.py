@@ -15,7 +15,6 @@ from _sched_helpers import (
     create_node,
     create_pod,
     delete_nodes,
-    get_pod,
     gpu_pod,
     post,
     register,
@@ -60,7 +59,7 @@ async def test_filter_and_bind_write_the_protocol_annotations(
             assert answer["Error"] == ""
             (chosen,) = answer["NodeNames"]
             assert chosen == nodes[0]  # equal nodes: ties go to the name
-            stored = await get_pod(api_client, namespace, "p1")
+            stored = await patch.get_pod(api_client, namespace, "p1")
             ann = stored["metadata"]["annotations"]
             device = f"GPU-{chosen}-0,NVIDIA,3000,30:;"
             assert ann == {
@@ -81,7 +80,7 @@ async def test_filter_and_bind_write_the_protocol_annotations(
                 },
             )
             assert answer == {"Error": ""}
-            stored = await get_pod(api_client, namespace, "p1")
+            stored = await patch.get_pod(api_client, namespace, "p1")
             assert stored["spec"]["nodeName"] == chosen
             ann = stored["metadata"]["annotations"]
             assert ann["hami.io/bind-phase"] == "allocating"
@@ -328,7 +327,7 @@ async def test_bind_waits_for_a_live_lock_then_fails_and_rolls_back(
             waited = asyncio.get_running_loop().time() - began
             assert f"locked by pod {namespace}/holder" in answer["Error"]
             assert 0.5 <= waited < 5
-            stored = await get_pod(api_client, namespace, "p")
+            stored = await patch.get_pod(api_client, namespace, "p")
             assert stored["metadata"]["annotations"]["hami.io/bind-phase"] == "failed"
             assert "nodeName" not in stored["spec"]
             assert name not in role.scheduler.cluster.usage_snapshot()

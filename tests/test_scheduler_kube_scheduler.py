@@ -9,7 +9,6 @@ import yaml
 from _sched_helpers import (
     FakeClock,
     create_pod,
-    get_pod,
     gpu_pod,
     register,
     running_scheduler,
@@ -52,11 +51,11 @@ async def test_kube_scheduler_filters_and_binds_through_hami(
         await create_pod(api_client, namespace, gpu_pod("big", mem=20000))
 
         async def bound() -> bool:
-            pod = await get_pod(api_client, namespace, "big")
+            pod = await patch.get_pod(api_client, namespace, "big")
             return bool(pod["spec"].get("nodeName"))
 
         await poll(bound, 30)
-        pod = await get_pod(api_client, namespace, "big")
+        pod = await patch.get_pod(api_client, namespace, "big")
         assert pod["spec"]["nodeName"] == names[1]
         ann = pod["metadata"]["annotations"]
         assert ann["hami.io/vgpu-node"] == names[1]
@@ -68,12 +67,12 @@ async def test_kube_scheduler_filters_and_binds_through_hami(
         await create_pod(api_client, namespace, gpu_pod("huge", mem=50000))
 
         async def reported() -> bool:
-            pod = await get_pod(api_client, namespace, "huge")
+            pod = await patch.get_pod(api_client, namespace, "huge")
             conditions = (pod.get("status") or {}).get("conditions") or []
             return any(c.get("reason") == "Unschedulable" for c in conditions)
 
         await poll(reported, 30)
-        pod = await get_pod(api_client, namespace, "huge")
+        pod = await patch.get_pod(api_client, namespace, "huge")
         message = next(
             c["message"] for c in pod["status"]["conditions"] if c.get("reason") == "Unschedulable"
         )
