@@ -30,14 +30,9 @@ async def start(app: web.Application, address: str, port: int) -> tuple[web.AppR
     """Serve ``app``; returns the runner (to clean up) and the bound port (for port 0)."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, address, port)
     try:
-        await site.start()
+        await web.TCPSite(runner, address, port).start()
     except BaseException:
         await runner.cleanup()
         raise
-    bound = port
-    server: Any = site._server
-    if server is not None and server.sockets:
-        bound = int(server.sockets[0].getsockname()[1])
-    return runner, bound
+    return runner, int(runner.addresses[0][1])
