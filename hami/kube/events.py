@@ -12,6 +12,7 @@ from kubernetes_asyncio import client
 from hami import log
 from hami.kube.objects import metadata_of
 from hami.kube.raw import KubeError, request
+from hami.protocol.nodelock import rfc3339
 
 _log = log.get(__name__)
 MAX_MESSAGE = 1024  # the API server rejects longer event messages
@@ -28,7 +29,7 @@ async def emit_pod_event(
     """Create a core/v1 Event for ``pod``; failures are logged, never raised."""
     meta = metadata_of(pod)
     namespace = meta.get("namespace", "default")
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = rfc3339(datetime.now(UTC))
     body = {
         "apiVersion": "v1",
         "kind": "Event",

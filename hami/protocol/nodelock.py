@@ -8,6 +8,11 @@ from datetime import UTC, datetime, timedelta
 DEFAULT_LOCK_TIMEOUT = timedelta(minutes=5)
 
 
+def rfc3339(time: datetime) -> str:
+    """Second-precision UTC RFC 3339, as Go's ``time.RFC3339`` and Kubernetes timestamps."""
+    return time.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 @dataclass(frozen=True, slots=True)
 class NodeLock:
     time: datetime
@@ -15,8 +20,7 @@ class NodeLock:
     pod: str
 
     def encode(self) -> str:
-        stamp = self.time.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        return f"{stamp},{self.namespace},{self.pod}"
+        return f"{rfc3339(self.time)},{self.namespace},{self.pod}"
 
     def is_expired(self, now: datetime, timeout: timedelta = DEFAULT_LOCK_TIMEOUT) -> bool:
         return now > self.time + timeout

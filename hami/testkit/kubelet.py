@@ -46,6 +46,7 @@ from grpclib.exceptions import GRPCError
 from grpclib.server import Server, Stream
 
 from hami._proto.v1beta1 import api_grpc, api_pb2
+from hami.protocol.nodelock import rfc3339
 from hami.testkit.controlplane import api_client
 
 log = logging.getLogger("hami.testkit.kubelet")
@@ -58,7 +59,7 @@ CONDITION_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreacha
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(dt.datetime.now(dt.UTC))
 
 
 def _is_extended(resource: str) -> bool:
