@@ -46,6 +46,7 @@ from grpclib.exceptions import GRPCError
 from grpclib.server import Server, Stream
 
 from hami._proto.v1beta1 import api_grpc, api_pb2
+from hami.kube.raw import MERGE_PATCH
 from hami.protocol.nodelock import rfc3339
 from hami.testkit.controlplane import api_client
 
@@ -53,7 +54,6 @@ log = logging.getLogger("hami.testkit.kubelet")
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
-MERGE_PATCH = "application/merge-patch+json"
 UNEXPECTED_ADMISSION_ERROR = "UnexpectedAdmissionError"
 CONDITION_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 
