@@ -199,7 +199,11 @@ def plan_allocation(
         plans.append(ContainerPlan(index, name, list(devices), allocation))
         entries[index] = []
     done = first_pending_entry(entries) is None and not _others_pending(pod, key)
-    annotations = {key: encode_pod_devices(entries)}
+    try:
+        # decode accepts some values (an empty uuid) that encode refuses to write back
+        annotations = {key: encode_pod_devices(entries)}
+    except ProtocolError as exc:
+        raise AllocateError(f"annotation {key}: {exc}", ref) from None
     if done:
         annotations[keys.BIND_PHASE] = BindPhase.SUCCESS.value
     return AllocationPlan(ref, plans, annotations, done)
