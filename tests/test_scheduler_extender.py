@@ -436,3 +436,29 @@ async def test_lock_of_a_pod_that_moved_on_is_taken_over_at_once(
                 await patch.patch_node_annotations(api_client, name, {keys.NODE_LOCK: None})
     finally:
         await delete_nodes(api_client, [name])
+
+
+async def test_a_pod_filtered_again_does_not_compete_with_its_own_hold(
+    api_client: Any, namespace: str
+) -> None:
+    # kube-scheduler filters a pod again when its bind failed (or the scheduler restarted in
+    # between); on a full node the pod's own earlier hold must not keep it out.
+    fake = FakeClock()
+    nodes = await make_nodes(api_client, unique("rf"), 1, devices=1, memory=8000)
+    (name,) = nodes
+    try:
+        async with running_scheduler(api_client, fake) as role:
+            await poll(lambda: name in role.scheduler.cluster.nodes)
+            pod = await create_pod(api_client, namespace, gpu_pod("whole", mem=8000))
+            for _ in range(2):
+                answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": nodes})
+                assert answer["NodeNames"] == [name], answer
+            usage = role.scheduler.cluster.usage_snapshot()[name]
+            assert usage == {f"GPU-{name}-0": (1, 8000, 0)}  # held once, not twice
+            # Someone else cannot have it while the pod holds it.
+            other = await create_pod(api_client, namespace, gpu_pod("other", mem=8000))
+            answer = await post(f"{role.url}/filter", {"Pod": other, "NodeNames": nodes})
+            assert answer["NodeNames"] == []
+            assert "CardInsufficientMemory" in answer["FailedNodes"][name]
+    finally:
+        await delete_nodes(api_client, [name])

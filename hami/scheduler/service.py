@@ -254,9 +254,17 @@ class Scheduler:
                 args, {"NodeNames": names, "FailedNodes": {}, "Error": ""}, names
             ), "passthrough"
         began = time.perf_counter()
+        # kube-scheduler filters only unbound pods, so a record this pod already has is an
+        # earlier decision that was never bound (a failed bind, or our restart in between):
+        # the pod must not compete with its own stale hold, or on a full cluster it never
+        # fits again. No await until the hold is settled, so no other call sees the gap.
+        earlier = self.cluster.pods.get(key)
+        if earlier is not None:
+            self.cluster.release(key)
         decision = self.cluster.decide(request, names)
         fit = decision.fit
         if decision.node is None or fit is None:
+            self.cluster.rollback(key, earlier)
             self.metrics.decision_seconds.observe(time.perf_counter() - began)
             for reason in decision.failed.values():
                 for code in reason_codes(reason):
@@ -267,7 +275,7 @@ class Scheduler:
             return {"NodeNames": [], "FailedNodes": decision.failed, "Error": ""}, "unschedulable"
         meta = metadata_of(pod)
         uid = str(meta.get("uid") or "")
-        previous = self.cluster.reserve(key, uid, decision.node, fit)
+        self.cluster.reserve(key, uid, decision.node, fit)
         self.metrics.decision_seconds.observe(time.perf_counter() - began)
         self.cluster.pinned.add(key)
         annotations = self._decision_annotations(pod, decision.node, fit.assignment)
@@ -279,7 +287,7 @@ class Scheduler:
                 annotations,
             )
         except Exception as exc:
-            self.cluster.rollback(key, previous)
+            self.cluster.rollback(key, earlier)
             _log.warning("decision not written, reservation rolled back", pod=key, error=str(exc))
             return {
                 "NodeNames": [],
