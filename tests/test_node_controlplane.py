@@ -478,6 +478,8 @@ async def test_http_endpoints(
     kubelet = await kubelet_factory(node)
     agent = await agent_factory(kubelet)
     await kubelet.wait_for_resource(RESOURCE, healthy=2 * SPLIT)
+    # The device plugin and the Node patch are separate tasks: wait for the patch too.
+    await poll(lambda: agent.registrars["fake"].last_success is not None)
     async with aiohttp.ClientSession() as session:
         async with session.get(f"http://127.0.0.1:{agent.http_port}/healthz") as resp:
             assert resp.status == 200
@@ -488,6 +490,9 @@ async def test_http_endpoints(
             text = await resp.text()
     assert 'hami_node_devices{backend="fake",health="healthy",type="nvidia"} 2.0' in text
     assert 'hami_node_registration_patches_total{backend="fake"}' in text
+    # Counters exist at 0 before their first event (alerts and rate() need the series).
+    assert 'hami_node_registration_failures_total{backend="fake"} 0.0' in text
+    assert 'hami_node_allocate_errors_total{backend="fake"} 0.0' in text
 
 
 class EventFake(FakeBackend):

@@ -55,6 +55,18 @@ class NodeMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         )
 
+    def declare_backend(self, backend: str) -> None:
+        """Export the backend's counters at 0 from the start: a series that appears only
+        after its first event breaks rate() and alerts on the first failure."""
+        for metric in (
+            self.registration_patches,
+            self.registration_failures,
+            self.allocate_calls,
+            self.allocate_errors,
+            self.allocate_seconds,
+        ):
+            metric.labels(backend)
+
     def set_devices(self, backend: str, type_word: str, devices: Sequence[Device]) -> None:
         healthy = sum(1 for d in devices if d.healthy)
         self.devices.labels(backend, type_word, "healthy").set(healthy)

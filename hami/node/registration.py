@@ -58,6 +58,7 @@ class Registrar:
         self.last_success: datetime | None = None
         self.failures = 0  # consecutive
         self.empty = False  # the last enumeration found no devices: nothing is written
+        metrics.declare_backend(state.name)
 
     async def refresh(self) -> None:
         """Re-enumerate; on failure keep the last known devices."""
