@@ -85,7 +85,12 @@ async def test_scheduler_process_serves_and_stops_on_sigterm(
 
             await poll(ready, 60)
             async with session.get(f"http://127.0.0.1:{port}/metrics") as resp:
-                assert "hami_filter_duration_seconds" in await resp.text()
+                text = await resp.text()
+            assert "hami_filter_duration_seconds" in text
+            # Alerted-on series exist at 0 before their first event.
+            assert 'hami_bind_total{outcome="failed",reason="node_locked"} 0.0' in text
+            assert 'hami_filter_total{outcome="error"} 0.0' in text
+            assert 'hami_annotation_errors_total{object="node"} 0.0' in text
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 20) == 0
     finally:

@@ -121,6 +121,21 @@ class SchedulerMetrics:
             registry=self.registry,
         )
 
+        # Every known series exists at 0 from the start, so rate() and "increase > 0"
+        # alerts work before the first event of each kind.
+        for outcome in ("scheduled", "unschedulable", "passthrough", "error"):
+            self.filter_total.labels(outcome)
+            self.filter_seconds.labels(outcome)
+        self.bind_total.labels("success", "bound")
+        for reason in ("node_locked", "binding", "wrong_node", "error"):
+            self.bind_total.labels("failed", reason)
+        for outcome in ("success", "failed"):
+            self.bind_seconds.labels(outcome)
+        for result in ("ok", "conflict", "error"):
+            self.handshake_patches.labels(result)
+        for obj in ("node", "pod"):
+            self.annotation_errors.labels(obj)
+
     def render(self) -> bytes:
         data: bytes = generate_latest(self.registry)
         return data
