@@ -31,6 +31,17 @@ from hami.testkit.cluster import poll
 REPORTED = "Reported_2024-05-20 09:59:50"
 
 
+def binding(pod: dict[str, Any], node: str) -> dict[str, Any]:
+    """kube-scheduler's ExtenderBindingArgs for ``pod`` (its own field spelling)."""
+    meta = pod["metadata"]
+    return {
+        "PodName": meta["name"],
+        "PodNamespace": meta["namespace"],
+        "PodUID": meta["uid"],
+        "Node": node,
+    }
+
+
 async def make_nodes(api: Any, prefix: str, n: int, devices: int = 2, **kwargs: Any) -> list[str]:
     names = [f"{prefix}-{i}" for i in range(n)]
     for name in names:
@@ -173,15 +184,7 @@ async def test_concurrent_filter_and_bind_never_overcommit(api_client: Any, name
                 answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": nodes})
                 assert answer["Error"] == "", answer
                 (node,) = answer["NodeNames"]
-                bound = await post(
-                    f"{role.url}/bind",
-                    {
-                        "PodName": pod["metadata"]["name"],
-                        "PodNamespace": namespace,
-                        "PodUID": pod["metadata"]["uid"],
-                        "Node": node,
-                    },
-                )
+                bound = await post(f"{role.url}/bind", binding(pod, node))
                 assert bound == {"Error": ""}
                 return str(node)
 
@@ -315,15 +318,7 @@ async def test_bind_waits_for_a_live_lock_then_fails_and_rolls_back(
             answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": nodes})
             assert answer["NodeNames"] == [name]
             began = asyncio.get_running_loop().time()
-            answer = await post(
-                f"{role.url}/bind",
-                {
-                    "PodName": "p",
-                    "PodNamespace": namespace,
-                    "PodUID": pod["metadata"]["uid"],
-                    "Node": name,
-                },
-            )
+            answer = await post(f"{role.url}/bind", binding(pod, name))
             waited = asyncio.get_running_loop().time() - began
             assert f"locked by pod {namespace}/holder" in answer["Error"]
             assert 0.5 <= waited < 5
@@ -337,15 +332,7 @@ async def test_bind_waits_for_a_live_lock_then_fails_and_rolls_back(
             answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": nodes})
             assert answer["NodeNames"] == [name]
             fake.advance(6 * 60)
-            answer = await post(
-                f"{role.url}/bind",
-                {
-                    "PodName": "p",
-                    "PodNamespace": namespace,
-                    "PodUID": pod["metadata"]["uid"],
-                    "Node": name,
-                },
-            )
+            answer = await post(f"{role.url}/bind", binding(pod, name))
             assert answer == {"Error": ""}
             node = await patch.get_node(api_client, name)
             assert node["metadata"]["annotations"][keys.NODE_LOCK].endswith(f",{namespace},p")
@@ -359,30 +346,12 @@ async def test_bind_waits_for_a_live_lock_then_fails_and_rolls_back(
                 {keys.NODE_LOCK: f"{fake.now():%Y-%m-%dT%H:%M:%SZ},{namespace},holder"},
             )
             answer = await post(f"{role.url}/filter", {"Pod": q, "NodeNames": nodes})
-            answer = await post(
-                f"{role.url}/bind",
-                {
-                    "PodName": "q",
-                    "PodNamespace": namespace,
-                    "PodUID": q["metadata"]["uid"],
-                    "Node": name,
-                },
-            )
+            answer = await post(f"{role.url}/bind", binding(q, name))
             assert answer == {"Error": ""}
             # a lock held by a live pod is waited for, and taken once released
             r = await create_pod(api_client, namespace, gpu_pod("r", mem=100))
             answer = await post(f"{role.url}/filter", {"Pod": r, "NodeNames": nodes})
-            cfg_wait = asyncio.create_task(
-                post(
-                    f"{role.url}/bind",
-                    {
-                        "PodName": "r",
-                        "PodNamespace": namespace,
-                        "PodUID": r["metadata"]["uid"],
-                        "Node": name,
-                    },
-                )
-            )
+            cfg_wait = asyncio.create_task(post(f"{role.url}/bind", binding(r, name)))
             await asyncio.sleep(0.2)
             assert not cfg_wait.done()
             await patch.patch_node_annotations(api_client, name, {keys.NODE_LOCK: None})
@@ -418,15 +387,7 @@ async def test_lock_of_a_pod_that_moved_on_is_taken_over_at_once(
                 answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": nodes})
                 assert answer["NodeNames"] == [name]
                 began = asyncio.get_running_loop().time()
-                answer = await post(
-                    f"{role.url}/bind",
-                    {
-                        "PodName": f"after-{holder}",
-                        "PodNamespace": namespace,
-                        "PodUID": pod["metadata"]["uid"],
-                        "Node": name,
-                    },
-                )
+                answer = await post(f"{role.url}/bind", binding(pod, name))
                 assert answer == {"Error": ""}
                 assert asyncio.get_running_loop().time() - began < 5  # not the 30 s wait
                 node = await patch.get_node(api_client, name)
