@@ -7,7 +7,7 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from hami.kube.raw import JSON, MERGE_PATCH, Conflict, KubeError, NotFound, request
+from hami.kube.raw import JSON, MERGE_PATCH, Conflict, KubeError, NotFound, list_all, request
 
 __all__ = [
     "Conflict",
@@ -47,7 +47,7 @@ async def list_pods(
 ) -> list[JSON]:
     path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
     query = [("fieldSelector", field_selector), ("labelSelector", label_selector)]
-    items: list[JSON] = (await request(api, "GET", path, query=query)).get("items") or []
+    items, _version = await list_all(api, path, query=query)
     return items
 
 

@@ -2,13 +2,21 @@
 
 The generated models cost far more to build than the JSON they come from, and the roles
 only read a few fields, so everything here speaks plain dicts.
+
+Every ``request`` follows one retry policy (``RetryPolicy``): capped exponential back-off
+with full jitter, on HTTP 429 (honouring ``Retry-After``), on 5xx answers and on connection
+errors; requests that may have been applied already (a POST that reached the server) are
+not repeated. ``list_all`` pages through big lists with ``limit``/``continue``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
-from collections.abc import Sequence
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -28,6 +36,7 @@ class KubeError(Exception):
         self.reason = reason
         self.message = message
         self.path = path
+        self.retry_after: float | None = None  # seconds, from a Retry-After header
 
 
 class NotFound(KubeError):
@@ -44,6 +53,82 @@ class Gone(KubeError):
 
 _BY_STATUS: dict[int, type[KubeError]] = {404: NotFound, 409: Conflict, 410: Gone}
 
+# Methods whose repetition cannot do anything the first try did not (a merge patch of the
+# same annotations, or one guarded by resourceVersion, which then fails with 409).
+_IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "PATCH", "DELETE"})
+_RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+class Unreachable(KubeError):
+    """No answer from the API server; ``sent`` says whether the request may have arrived."""
+
+    def __init__(self, message: str, path: str, *, sent: bool) -> None:
+        super().__init__(0, "Unreachable", message, path)
+        self.sent = sent
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Capped exponential back-off with full jitter; ``retries`` extra tries at most.
+
+    Short by default: the callers (an extender call kube-scheduler waits for, kubelet's
+    Allocate) have their own deadlines, and the long-lived loops back off on their own.
+    """
+
+    retries: int = 4
+    base: float = 0.1  # seconds before the first retry, before jitter
+    cap: float = 2.0  # no single wait above this
+    max_retry_after: float = 5.0  # a server's Retry-After is honoured up to this
+
+    def delay(self, attempt: int, retry_after: float | None = None) -> float:
+        """Seconds to wait before retry number ``attempt`` (0 for the first retry)."""
+        ceiling = min(self.cap, self.base * 2**attempt)
+        wait = random.uniform(0, ceiling)  # full jitter: retries of many clients spread out
+        if retry_after is not None:
+            wait = max(wait, min(retry_after, self.max_retry_after))
+        return wait
+
+
+DEFAULT_RETRY = RetryPolicy()
+NO_RETRY = RetryPolicy(retries=0)
+
+
+def should_retry(method: str, error: KubeError) -> bool:
+    """Whether ``error`` is worth another try of the same request."""
+    if isinstance(error, Unreachable):
+        return method.upper() in _IDEMPOTENT or not error.sent
+    if error.status == 429:
+        return True  # rejected before any processing
+    return error.status in _RETRY_STATUS and method.upper() in _IDEMPOTENT
+
+
+def _parse_retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None  # an HTTP date: rare from the API server; the back-off applies
+    return seconds if 0 <= seconds < 1e6 else None
+
+
+async def with_retry(
+    method: str,
+    attempt: Callable[[], Awaitable[Any]],
+    policy: RetryPolicy = DEFAULT_RETRY,
+    sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+) -> Any:
+    """Run ``attempt`` until it succeeds, fails for good, or the policy's tries run out."""
+    tries = 0
+    while True:
+        try:
+            return await attempt()
+        except KubeError as exc:
+            if tries >= policy.retries or not should_retry(method, exc):
+                raise
+            await sleep(policy.delay(tries, exc.retry_after))
+            tries += 1
+
 
 async def request(
     api: client.ApiClient,
@@ -54,23 +139,62 @@ async def request(
     query: Sequence[tuple[str, Any]] = (),
     content_type: str = "application/json",
     request_timeout: float = DEFAULT_TIMEOUT,
+    retry: RetryPolicy = DEFAULT_RETRY,
 ) -> JSON:
-    """Send one request and return the decoded JSON body; errors raise KubeError."""
-    response = await open_stream(
-        api,
-        method,
-        path,
-        body=body,
-        query=query,
-        content_type=content_type,
-        request_timeout=request_timeout,
-    )
-    try:
-        data = await response.read()
-    finally:
-        response.release()
-    decoded: JSON = json.loads(data) if data else {}
-    return decoded
+    """Send a request (retried as ``retry`` says) and return the decoded JSON body; errors
+    raise KubeError."""
+
+    async def attempt() -> JSON:
+        response = await open_stream(
+            api,
+            method,
+            path,
+            body=body,
+            query=query,
+            content_type=content_type,
+            request_timeout=request_timeout,
+        )
+        try:
+            data = await response.read()
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise Unreachable(repr(exc), path, sent=True) from exc
+        finally:
+            response.release()
+        decoded: JSON = json.loads(data) if data else {}
+        return decoded
+
+    result: JSON = await with_retry(method, attempt, retry)
+    return result
+
+
+async def list_all(
+    api: client.ApiClient,
+    path: str,
+    *,
+    query: Sequence[tuple[str, Any]] = (),
+    page_size: int = 500,
+    request_timeout: float = 120.0,
+    retry: RetryPolicy = DEFAULT_RETRY,
+) -> tuple[list[JSON], str]:
+    """Every item of a list, fetched ``page_size`` at a time, and the list's
+    resourceVersion (the snapshot a watch continues from). An expired continue token
+    raises Gone: the caller lists again from the start."""
+    items: list[JSON] = []
+    token: str | None = None
+    while True:
+        page = await request(
+            api,
+            "GET",
+            path,
+            query=[*query, ("limit", page_size), ("continue", token)],
+            request_timeout=request_timeout,
+            retry=retry,
+        )
+        items.extend(page.get("items") or [])
+        meta = page.get("metadata") or {}
+        token = meta.get("continue") or None
+        if not token:
+            return items, str(meta.get("resourceVersion") or "")
 
 
 async def open_stream(
@@ -99,13 +223,11 @@ async def open_stream(
         )
     except client.exceptions.ApiException as exc:
         raise KubeError(exc.status or 0, str(exc.reason), str(exc.body or ""), path) from exc
-    except (OSError, TimeoutError) as exc:
-        raise KubeError(0, "Unreachable", repr(exc), path) from exc
-    except Exception as exc:
-        # aiohttp's ClientError family: the API server is not reachable right now.
-        if type(exc).__module__.startswith("aiohttp"):
-            raise KubeError(0, "Unreachable", repr(exc), path) from exc
-        raise
+    except aiohttp.ClientConnectorError as exc:
+        # Refused or unresolvable: the request never left this process.
+        raise Unreachable(repr(exc), path, sent=False) from exc
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        raise Unreachable(repr(exc), path, sent=True) from exc
     if not 200 <= response.status <= 299:
         try:
             text = (await response.read()).decode("utf-8", "replace")
@@ -114,6 +236,9 @@ async def open_stream(
         message = text
         with contextlib.suppress(ValueError, AttributeError):
             message = json.loads(text).get("message", text)
-        error = _BY_STATUS.get(response.status, KubeError)
-        raise error(response.status, str(response.reason), message, path)
+        error = _BY_STATUS.get(response.status, KubeError)(
+            response.status, str(response.reason), message, path
+        )
+        error.retry_after = _parse_retry_after(response.headers.get("Retry-After"))
+        raise error
     return response
