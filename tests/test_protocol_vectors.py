@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
+from _shared import shared_json
 
 from hami.protocol import (
     ContainerDevice,
@@ -21,17 +20,7 @@ from hami.protocol import (
     handshake,
 )
 
-VECTORS_FILE = Path(__file__).resolve().parents[2] / "shared" / "vectors" / "protocol.json"
-
-
-def _vectors() -> dict[str, Any]:
-    if not VECTORS_FILE.exists():
-        pytest.fail(f"protocol vectors not found at {VECTORS_FILE}: clone next to ../shared")
-    data: dict[str, Any] = json.loads(VECTORS_FILE.read_text())
-    return data
-
-
-VECTORS = _vectors()
+VECTORS: dict[str, Any] = shared_json("vectors/protocol.json")
 
 
 def _cases(section: str) -> list[Any]:
