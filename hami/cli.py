@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import importlib
 import sys
 from collections.abc import Sequence
@@ -14,6 +13,7 @@ from typing import Any
 from hami import __version__, config, log
 from hami.backends import registry
 from hami.backends.base import Backend, BackendError
+from hami.cliargs import add_common_flags, load_config
 from hami.protocol import encode_node_devices, handshake
 
 # role name -> module with ``async def main(cfg: config.Config) -> int``
@@ -33,12 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_devices = sub.add_parser(
         "devices", help="enumerate devices here and show the annotations the node would write"
     )
-    _common(p_devices)
+    add_common_flags(p_devices)
     p_devices.add_argument("--backend", help="only this backend (default: the enabled ones)")
     p_devices.set_defaults(func=_cmd_devices)
 
     p_run = sub.add_parser("run", help="run a role: the node agent or the scheduler")
-    _common(p_run)
+    add_common_flags(p_run)
     p_run.add_argument("--role", required=True, choices=sorted(ROLES))
     p_run.add_argument("--node-name", help="this node's name (node role; default: $NODE_NAME)")
     p_run.set_defaults(func=_cmd_run)
@@ -52,23 +52,6 @@ def build_parser() -> argparse.ArgumentParser:
             raise
         module.add_parser(sub)
     return parser
-
-
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="YAML configuration file (see config/hami.yaml)")
-    parser.add_argument("--log-level", choices=config.LOG_LEVELS, help="override log.level")
-    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, $KUBECONFIG)")
-
-
-def load_config(args: argparse.Namespace) -> config.Config:
-    cfg = config.load(args.config)
-    if getattr(args, "log_level", None):
-        cfg = dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, level=args.log_level))
-    if getattr(args, "kubeconfig", None):
-        cfg = dataclasses.replace(cfg, kubeconfig=args.kubeconfig)
-    if getattr(args, "node_name", None):
-        cfg = dataclasses.replace(cfg, node=dataclasses.replace(cfg.node, name=args.node_name))
-    return cfg
 
 
 def _cmd_version(args: argparse.Namespace) -> int:

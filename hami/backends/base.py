@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hami.protocol import ContainerDevice, NodeDevice, keys
+from hami.protocol.resources import ResourceNames as ResourceNames  # re-exported: its old home
 
 
 class BackendError(Exception):
@@ -30,21 +31,6 @@ class Device:
     memory_mib: int
     numa: int = 0
     healthy: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class ResourceNames:
-    """The extended resources a pod uses to ask for this backend's devices."""
-
-    count: str  # number of devices, e.g. nvidia.com/gpu; also the device plugin's resource
-    memory: str | None = None  # memory per device
-    memory_percentage: str | None = None  # percent of each device's memory
-    cores: str | None = None  # percent of each device's compute
-    memory_unit_mib: int = 1  # MiB per unit of ``memory`` (Cambricon counts 256 MiB units)
-
-    def all(self) -> list[str]:
-        names = (self.count, self.memory, self.memory_percentage, self.cores)
-        return [name for name in names if name]
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,17 +16,16 @@ import urllib.request
 from typing import Any
 
 from hami import config, log
+from hami.cliargs import add_common_flags, load_config
 from hami.kube.client import KubeConfigError, open_client
 from hami.kube.raw import KubeError, request
 
 
 def add_parser(subparsers: Any) -> None:
-    from hami.cli import _common
-
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "explain", help="why a pod was (not) placed: every node's reason"
     )
-    _common(parser)
+    add_common_flags(parser)
     parser.add_argument("pod", help="pod name")
     parser.add_argument("-n", "--namespace", default="default", help="pod namespace")
     parser.add_argument(
@@ -40,8 +39,6 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hami.cli import load_config
-
     cfg = load_config(args)
     log.configure(cfg.log.level, cfg.log.format)
     answer: dict[str, Any] | None = None
