@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import datetime as dt
 import ipaddress
 import json
@@ -22,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from hami import config
+from hami.kube.raw import KubeError, request
 from hami.scheduler.http import build_app
 from hami.scheduler.service import Scheduler
 from hami.scheduler.webhook import ReloadingTLS, WebhookTLSError, review
@@ -121,6 +123,78 @@ def test_invalid_requests_are_denied_with_what_to_fix() -> None:
         assert response["allowed"] is False
         assert words in response["status"]["message"]
         assert "ns/p" in response["status"]["message"]
+
+
+FORGED = {
+    "hami.io/vgpu-node": "node-a",
+    "hami.io/vgpu-time": "1700000000",
+    "hami.io/bind-time": "1700000000",
+    "hami.io/bind-phase": "allocating",
+    "hami.io/vgpu-devices-to-allocate": "GPU-other,NVIDIA,999999,100:;",
+    "hami.io/vgpu-devices-allocated": "GPU-other,NVIDIA,999999,100:;",
+    "hami.io/cambricon-mlu-devices-to-allocate": "MLU-0,MLU,1,100:;",
+    # a backend this scheduler does not run: still a decision key
+    "hami.io/ascend-devices-allocated": "x",
+}
+KEPT = {"hami.io/node-scheduler-policy": "binpack", "team": "a"}
+
+
+def with_annotations(body: dict[str, Any], annotations: dict[str, str]) -> dict[str, Any]:
+    body["metadata"]["annotations"] = dict(annotations)
+    return body
+
+
+def removed(ops: list[dict[str, Any]]) -> set[str]:
+    return {
+        op["path"].removeprefix("/metadata/annotations/").replace("~1", "/")
+        for op in ops
+        if op["op"] == "remove"
+    }
+
+
+def test_forged_decisions_are_removed_from_every_pod_with_a_warning() -> None:
+    # asks for no device at all: still cleaned, so the node agent never sees the keys
+    for limits in ({"cpu": "1"}, {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10"}):
+        body = with_annotations(pod(limits), {**FORGED, **KEPT})
+        answer = review(admission(body), [NVIDIA, MLU], "hami-scheduler")
+        ops = patch_of(answer)
+        assert removed(ops) == set(FORGED)
+        (warning,) = answer["response"]["warnings"]
+        assert "hami.io/vgpu-devices-to-allocate" in warning and "ns/p" in warning
+        assert "team" not in warning and "node-scheduler-policy" not in warning
+    # no forged key: no remove operation, no warning
+    answer = review(admission(with_annotations(pod({"cpu": "1"}), KEPT)), [NVIDIA], "x")
+    assert patch_of(answer) == [] and "warnings" not in answer["response"]
+
+
+def test_managed_pod_with_node_name_is_denied_with_the_fix() -> None:
+    body = pod({"nvidia.com/gpu": "1"})
+    body["spec"]["nodeName"] = "node-a"
+    response = review(admission(body), [NVIDIA], "x")["response"]
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 403
+    message = response["status"]["message"]
+    assert "ns/p" in message and "spec.nodeName=node-a" in message
+    assert "nodeSelector" in message
+    # a pod that asks for no managed device may set nodeName (hami does not manage it)
+    plain = pod({"cpu": "1"})
+    plain["spec"]["nodeName"] = "node-a"
+    assert review(admission(plain), [NVIDIA], "x")["response"]["allowed"] is True
+
+
+def test_privileged_container_asking_for_a_shared_device_is_denied() -> None:
+    body = pod({"nvidia.com/gpu": "1"}, init=True)
+    body["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    response = review(admission(body), [NVIDIA], "x")["response"]
+    assert response["allowed"] is False
+    message = response["status"]["message"]
+    assert "container c is privileged" in message and "securityContext.privileged" in message
+    # a privileged container that asks for no device is not hami's concern
+    body = pod({"nvidia.com/gpu": "1"})
+    body["spec"]["initContainers"] = [{"name": "i", "securityContext": {"privileged": True}}]
+    assert review(admission(body), [NVIDIA], "x")["response"]["allowed"] is True
+    body["spec"]["containers"][0]["securityContext"] = {"privileged": False}
+    assert review(admission(body), [NVIDIA], "x")["response"]["allowed"] is True
 
 
 def write_cert(directory: Path, common_name: str) -> tuple[Path, Path, bytes]:
@@ -223,3 +297,106 @@ def test_missing_certificate_names_the_files_and_the_fix(tmp_path: Path) -> None
     key.write_text("not a key")
     with pytest.raises(WebhookTLSError, match="cannot load certificate"):
         ReloadingTLS(str(cert), str(key))
+
+
+@contextlib.asynccontextmanager
+async def webhook_for(controlplane: Any, api: Any, namespace: str, workdir: Path) -> Any:
+    """The webhook served over TLS and registered with the API server for one namespace."""
+    cert, key = controlplane.ca.issue("hami-webhook", hosts=["127.0.0.1"], server=True)
+    (workdir / "tls.crt").write_bytes(cert)
+    (workdir / "tls.key").write_bytes(key)
+    tls = ReloadingTLS(str(workdir / "tls.crt"), str(workdir / "tls.key"))
+    cfg = config.from_mapping({}, env={})
+    app = build_app(Scheduler(cfg.scheduler, [NVIDIA], None), "hami-scheduler", extender=False)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls.context).start()
+    port = runner.addresses[0][1]
+    name = f"hami-webhook-{namespace}"
+    configurations = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+    registration = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [
+            {
+                "name": "pods.hami.io",
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "failurePolicy": "Fail",
+                "timeoutSeconds": 10,
+                "clientConfig": {
+                    "url": f"https://127.0.0.1:{port}/webhook",
+                    "caBundle": base64.b64encode(controlplane.ca.cert_pem).decode(),
+                },
+                # the rules of docker/manifests/50-webhook.yaml, for this namespace only
+                "rules": [
+                    {
+                        "operations": ["CREATE"],
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "resources": ["pods"],
+                        "scope": "Namespaced",
+                    }
+                ],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+            }
+        ],
+    }
+    await request(api, "POST", configurations, body=registration)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(KubeError):
+            await request(api, "DELETE", f"{configurations}/{name}")
+        await runner.cleanup()
+
+
+async def create_pod(api: Any, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+    body = {"apiVersion": "v1", "kind": "Pod", **body}
+    body["metadata"] = {**body["metadata"], "namespace": namespace}
+    for container in body["spec"]["containers"] + body["spec"].get("initContainers", []):
+        container.setdefault("image", "busybox")
+    created: dict[str, Any] = await request(
+        api, "POST", f"/api/v1/namespaces/{namespace}/pods", body=body
+    )
+    return created
+
+
+async def test_admission_chain_cleans_forged_pods_and_denies_bypasses(
+    controlplane: Any, api_client: Any, namespace: str, tmp_path: Path
+) -> None:
+    async with webhook_for(controlplane, api_client, namespace, tmp_path):
+        # The registration takes effect within a moment: wait for the first patched pod.
+        async with asyncio.timeout(20):
+            while True:
+                probe = pod({"nvidia.com/gpu": "1"})
+                probe["metadata"] = {"generateName": "probe-"}
+                created = await create_pod(api_client, namespace, probe)
+                if created["spec"].get("schedulerName") == "hami-scheduler":
+                    break
+                await asyncio.sleep(0.2)
+        # no device asked for, forged decisions: stored without them
+        plain = with_annotations(pod({"cpu": "100m"}), {**FORGED, **KEPT})
+        plain["metadata"]["name"] = "forged-plain"
+        plain["spec"]["nodeName"] = "node-a"
+        stored = await create_pod(api_client, namespace, plain)
+        assert stored["metadata"]["annotations"] == KEPT
+        managed = with_annotations(pod({"nvidia.com/gpu": "1"}), FORGED)
+        managed["metadata"]["name"] = "forged-managed"
+        stored = await create_pod(api_client, namespace, managed)
+        assert not stored["metadata"].get("annotations")
+        assert stored["spec"]["schedulerName"] == "hami-scheduler"
+        # bypassing the scheduler and privileged sharing are refused, saying why
+        bypass = pod({"nvidia.com/gpu": "1"})
+        bypass["metadata"]["name"] = "bypass"
+        bypass["spec"]["nodeName"] = "node-a"
+        with pytest.raises(KubeError) as denied:
+            await create_pod(api_client, namespace, bypass)
+        assert denied.value.status == 403 and "spec.nodeName=node-a" in str(denied.value)
+        privileged = pod({"nvidia.com/gpu": "1"})
+        privileged["metadata"]["name"] = "privileged"
+        privileged["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+        with pytest.raises(KubeError) as denied:
+            await create_pod(api_client, namespace, privileged)
+        assert "is privileged" in str(denied.value)

@@ -1,7 +1,18 @@
 """The mutating admission webhook (AdmissionReview v1) and its reloading TLS context.
 
-For a pod that asks for a resource hami manages, the webhook
+For every pod it is called for (CREATE), the webhook
 
+- removes the scheduler's decision annotations a user wrote (``hami.io/vgpu-node``,
+  ``vgpu-time``, ``bind-time``, ``bind-phase``, every backend's ``*-devices-allocated`` and
+  ``*-devices-to-allocate``): only hami's roles write them, so a pod cannot steer the node
+  agent with forged ones, whether or not it asks for a device. Removing (with a warning to
+  the client) rather than denying keeps controllers that copy a template working.
+
+For a pod that asks for a resource hami manages, it also
+
+- denies a pod that sets ``spec.nodeName`` (it would bypass the scheduler and its
+  reservation) and a privileged container asking for a shared device (it sees every
+  device of the node, so its share cannot be enforced), saying what to fix;
 - sets ``spec.schedulerName`` to hami's scheduler, unless a non-default scheduler is set;
 - fills defaults: a count-only request (no memory, percentage or cores) gets the
   backend's cores resource at 100, the whole device;
@@ -19,28 +30,85 @@ from typing import Any
 
 from hami import log
 from hami.core.requests import DeviceKind, RequestError, asks_for, parse_pod
-from hami.kube.objects import pod_containers
+from hami.protocol import keys
+from hami.protocol.objects import annotations_of, pod_containers
 
 _log = log.get(__name__)
 DEFAULT_SCHEDULER = "default-scheduler"
+
+# Pod annotations only hami's roles write (protocol.md section 3).
+_DECISION_KEYS = frozenset({keys.VGPU_NODE, keys.VGPU_TIME, keys.BIND_TIME, keys.BIND_PHASE})
+_DECISION_SUFFIXES = ("-devices-allocated", "-devices-to-allocate")
+
+
+class PodDenied(ValueError):
+    """A pod hami must not admit; the message names the pod and the fix."""
 
 
 def _escape(name: str) -> str:
     return name.replace("~", "~0").replace("/", "~1")
 
 
+def is_decision_key(key: str, kinds: Sequence[DeviceKind]) -> bool:
+    """Whether ``key`` is a scheduler decision: the fixed keys, every configured backend's
+    device keys, and any ``hami.io/*-devices-(allocated|to-allocate)`` key (a backend this
+    scheduler does not run may still run on a node)."""
+    if key in _DECISION_KEYS:
+        return True
+    if any(key in (kind.allocated_key, kind.to_allocate_key) for kind in kinds):
+        return True
+    return key.startswith(keys.PREFIX) and key.endswith(_DECISION_SUFFIXES)
+
+
+def forged_keys(pod: Mapping[str, Any], kinds: Sequence[DeviceKind]) -> list[str]:
+    """The decision annotations a pod was created with, sorted."""
+    return sorted(key for key in annotations_of(pod) if is_decision_key(key, kinds))
+
+
+def _pod_ref(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    name = meta.get("name") or f"{meta.get('generateName') or ''}<generated>"
+    return f"{meta.get('namespace') or 'default'}/{name}"
+
+
+def _check_placement(pod: Mapping[str, Any], kinds: Sequence[DeviceKind]) -> None:
+    """Deny what would let a managed pod escape the scheduler's accounting."""
+    node = (pod.get("spec") or {}).get("nodeName")
+    if node:
+        raise PodDenied(
+            f"pod {_pod_ref(pod)} asks for a device hami shares and sets spec.nodeName={node}, "
+            "which skips the scheduler that reserves the device; remove spec.nodeName and "
+            f"pin the node with nodeSelector kubernetes.io/hostname: {node} instead"
+        )
+    containers, _ = pod_containers(pod)
+    for container in containers:
+        context = container.get("securityContext") or {}
+        if context.get("privileged") is True and asks_for(container, kinds):
+            raise PodDenied(
+                f"pod {_pod_ref(pod)}: container {container.get('name')} is privileged and "
+                "asks for a shared device; a privileged container sees every device of the "
+                "node, so its share cannot be enforced; drop securityContext.privileged or "
+                "do not request a shared device"
+            )
+
+
+def _strip_ops(forged: Sequence[str]) -> list[dict[str, Any]]:
+    return [{"op": "remove", "path": f"/metadata/annotations/{_escape(k)}"} for k in forged]
+
+
 def mutations(
     pod: Mapping[str, Any], kinds: Sequence[DeviceKind], scheduler_name: str
-) -> list[dict[str, Any]] | None:
-    """JSON patch operations for a managed pod, or None when hami does not manage it.
+) -> list[dict[str, Any]]:
+    """JSON patch operations for a pod (empty when there is nothing to change).
 
-    Raises RequestError for an invalid request.
+    Raises RequestError for an invalid request and PodDenied for a pod hami must not admit.
     """
+    ops = _strip_ops(forged_keys(pod, kinds))
     containers, init_count = pod_containers(pod)
     if not any(asks_for(c, kinds) for c in containers):
-        return None
+        return ops
+    _check_placement(pod, kinds)
     parse_pod(pod, kinds)  # raises RequestError with what to fix
-    ops: list[dict[str, Any]] = []
     spec = pod.get("spec") or {}
     current = spec.get("schedulerName")
     if not current or current == DEFAULT_SCHEDULER:
@@ -50,25 +118,30 @@ def mutations(
             base = f"/spec/initContainers/{position}/resources"
         else:
             base = f"/spec/containers/{position - init_count}/resources"
-        resources = container.get("resources") or {}
-        for kind in kinds:
-            names = kind.resources
-            if names.cores is None or kind.default_cores >= 100:
+        ops += _default_cores(container, base, kinds)
+    return ops
+
+
+def _default_cores(
+    container: Mapping[str, Any], base: str, kinds: Sequence[DeviceKind]
+) -> list[dict[str, Any]]:
+    """A count-only request gets the whole device's cores."""
+    ops: list[dict[str, Any]] = []
+    resources = container.get("resources") or {}
+    for kind in kinds:
+        names = kind.resources
+        if names.cores is None or kind.default_cores >= 100:
+            continue
+        for section in ("limits", "requests"):
+            values = resources.get(section) or {}
+            if names.count not in values:
                 continue
-            for section in ("limits", "requests"):
-                values = resources.get(section) or {}
-                if names.count not in values:
-                    continue
-                extra = (names.memory, names.memory_percentage, names.cores)
-                if any(name and name in values for name in extra):
-                    continue
-                ops.append(
-                    {
-                        "op": "add",
-                        "path": f"{base}/{section}/{_escape(names.cores)}",
-                        "value": "100",
-                    }
-                )
+            extra = (names.memory, names.memory_percentage, names.cores)
+            if any(name and name in values for name in extra):
+                continue
+            ops.append(
+                {"op": "add", "path": f"{base}/{section}/{_escape(names.cores)}", "value": "100"}
+            )
     return ops
 
 
@@ -81,16 +154,7 @@ def review(body: Any, kinds: Sequence[DeviceKind], scheduler_name: str) -> dict[
     pod = request.get("object")
     kind = (request.get("kind") or {}).get("kind", "Pod")
     if isinstance(pod, Mapping) and kind == "Pod":
-        try:
-            ops = mutations(pod, kinds, scheduler_name)
-        except RequestError as exc:
-            response["allowed"] = False
-            response["status"] = {"code": 400, "reason": "BadRequest", "message": str(exc)}
-            _log.info("pod denied", error=str(exc))
-        else:
-            if ops:
-                response["patchType"] = "JSONPatch"
-                response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
+        _answer(response, pod, kinds, scheduler_name)
     return {
         "apiVersion": body.get("apiVersion", "admission.k8s.io/v1")
         if isinstance(body, Mapping)
@@ -98,6 +162,38 @@ def review(body: Any, kinds: Sequence[DeviceKind], scheduler_name: str) -> dict[
         "kind": "AdmissionReview",
         "response": response,
     }
+
+
+def _answer(
+    response: dict[str, Any],
+    pod: Mapping[str, Any],
+    kinds: Sequence[DeviceKind],
+    scheduler_name: str,
+) -> None:
+    try:
+        ops = mutations(pod, kinds, scheduler_name)
+    except RequestError as exc:
+        _deny(response, 400, "BadRequest", str(exc))
+        return
+    except PodDenied as exc:
+        _deny(response, 403, "Forbidden", str(exc))
+        return
+    forged = forged_keys(pod, kinds)
+    if forged:
+        response["warnings"] = [
+            f"hami removed {', '.join(forged)} from pod {_pod_ref(pod)}: only hami's "
+            "scheduler and node agent write these annotations"
+        ]
+        _log.warning("forged decision annotations removed", pod=_pod_ref(pod), keys=forged)
+    if ops:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
+
+
+def _deny(response: dict[str, Any], code: int, reason: str, message: str) -> None:
+    response["allowed"] = False
+    response["status"] = {"code": code, "reason": reason, "message": message}
+    _log.info("pod denied", error=message)
 
 
 class WebhookTLSError(ValueError):
