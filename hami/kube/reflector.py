@@ -4,12 +4,17 @@ The handler sees only ``ADDED``, ``MODIFIED`` and ``DELETED``. After a (re-)list
 reflector diffs the listed objects against what it reported before, so objects deleted
 while the watch was down are reported as ``DELETED`` and unchanged ones are not repeated.
 410 Gone re-lists; any other failure reconnects with capped exponential back-off.
+
+A handler that raises is logged with the object's key and the stream goes on: one bad
+object must not end the watch. ``down_for()`` says how long the stream has been broken
+(0 while a watch is open), so a role can stop claiming readiness on a frozen picture.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +46,7 @@ class Reflector:
         field_selector: str | None = None,
         label_selector: str | None = None,
         max_backoff: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = api
         self.path = path  # e.g. /api/v1/pods, /api/v1/nodes
@@ -52,6 +58,9 @@ class Reflector:
         self.synced = asyncio.Event()
         self.resource_version = ""
         self._known: dict[str, str] = {}  # key -> resourceVersion last reported
+        self._clock = clock
+        # When the stream last broke; None while a watch is open (or before any failure).
+        self._broken_since: float | None = None
         self._log = log.get(__name__).bind(reflector=name)
 
     async def run(self) -> None:
@@ -71,11 +80,28 @@ class Reflector:
                 self._log.debug("resource version expired, re-listing")
                 continue
             except KubeError as exc:
+                self._broke()
                 self._log.warning("list/watch failed, retrying", error=str(exc), retry_in=backoff)
             except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+                self._broke()
                 self._log.warning("watch stream broke, retrying", error=repr(exc), retry_in=backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self.max_backoff)
+
+    @property
+    def streaming(self) -> bool:
+        """Whether the picture is current: listed, and no failure since the last watch opened."""
+        return self.synced.is_set() and self._broken_since is None
+
+    def down_for(self) -> float:
+        """Seconds since the stream broke without a watch opening again; 0 while streaming."""
+        if self._broken_since is None:
+            return 0.0
+        return max(0.0, self._clock() - self._broken_since)
+
+    def _broke(self) -> None:
+        if self._broken_since is None:
+            self._broken_since = self._clock()
 
     def _selectors(self) -> list[tuple[str, Any]]:
         return [("fieldSelector", self.field_selector), ("labelSelector", self.label_selector)]
@@ -116,6 +142,7 @@ class Reflector:
         response = await open_stream(
             self.api, "GET", self.path, query=query, request_timeout=timeout
         )
+        self._broken_since = None  # a list and an open watch: the picture is current again
         try:
             buffer = b""
             async for chunk in response.content.iter_any():
@@ -153,4 +180,6 @@ class Reflector:
         try:
             self.handler(kind, obj)
         except Exception:  # one bad object must not stop the stream
-            self._log.exception("handler failed", event=kind, object=key)
+            # (never event=: it is structlog's message argument, and the TypeError it
+            # raises here used to end the reflector task for good)
+            self._log.exception("handler failed; skipped this object", kind=kind, object=key)
