@@ -56,12 +56,8 @@ class TypeState:
             free += 1
             if device.used == 0:
                 idle += 1
-            memory = device.total_memory - device.used_memory
-            if memory > max_memory:
-                max_memory = memory
-            cores = device.total_cores - device.used_cores if device.total_cores else 100
-            if cores > max_cores:
-                max_cores = cores
+            max_memory = max(max_memory, device.free_memory)
+            max_cores = max(max_cores, device.free_cores)
         self.free_devices, self.idle_devices = free, idle
         self.max_free_memory, self.max_free_cores = max_memory, max_cores
 
@@ -179,7 +175,7 @@ class Cluster:
                 if error:
                     # The key goes with the error so the log names node, key and reason.
                     errors.append(f"{keys.node_register(word)}: {error}")
-        changes = self._decide_availability(node, now, write=False)[1]
+        changes = self._decide_safely(node, now, write=False)[1]
         if devices_changed or changes:
             self._node_changed(node)
         return errors, changes
@@ -226,13 +222,35 @@ class Cluster:
         for node in self.nodes.values():
             if not node.exists:
                 continue
-            annotations, node_changes = self._decide_availability(node, now, write=True)
+            annotations, node_changes = self._decide_safely(node, now, write=True)
             if annotations:
                 writes.append(HandshakeWrite(node.name, node.resource_version, annotations))
             if node_changes:
                 changes.extend(node_changes)
                 self._node_changed(node)
         return writes, changes
+
+    def _decide_safely(
+        self, node: NodeState, now: datetime, *, write: bool
+    ) -> tuple[dict[str, str], list[AvailabilityChange]]:
+        """``_decide_availability``, but a failure costs only this node, never the pass.
+
+        Nothing should raise here (every value is parsed totally); if something still does,
+        the node's types turn unavailable with the error as their reason, which the
+        scheduler logs and the filter shows, and the other nodes are decided as usual.
+        """
+        try:
+            return self._decide_availability(node, now, write=write)
+        except Exception as exc:
+            reason = f"scheduler error deciding this node's availability: {exc!r}"
+            changes: list[AvailabilityChange] = []
+            for word, state in node.types.items():
+                if state.available:
+                    changes.append(AvailabilityChange(node.name, word, False, reason))
+                state.available, state.reason = False, reason
+                state.refresh_view()
+                node.views[word] = state.view
+            return {}, changes
 
     def _decide_availability(
         self, node: NodeState, now: datetime, *, write: bool

@@ -106,6 +106,18 @@ class DeviceState:
             self.used, self.used_memory, self.used_cores = use.slots, use.memory, use.cores
 
     @property
+    def free_memory(self) -> int:
+        """MiB left; a device over-committed by annotations is full, never negative room."""
+        return max(0, self.total_memory - self.used_memory)
+
+    @property
+    def free_cores(self) -> int:
+        """Core percent left (a device without a core limiter: 100 until held whole)."""
+        if self.total_cores > 0:
+            return max(0, self.total_cores - self.used_cores)
+        return 0 if self.used_cores >= 100 else 100
+
+    @property
     def exclusive_held(self) -> bool:
         """Someone holds the whole device's compute."""
         if self.total_cores > 0:

@@ -91,7 +91,11 @@ NODE_DELETED = "node deleted its devices"
 def decide(
     value: str | None, *, has_register: bool, now: datetime, timeout: timedelta
 ) -> HandshakeDecision:
-    """The table of protocol.md section 2 as a pure function."""
+    """The table of protocol.md section 2 as a pure function; total for any value and time.
+
+    A stamp more than ``timeout`` ahead of ``now`` is absurd (§2 "Far-off timestamps") and
+    is handled like an unparsable value: patch ``Requesting_{now}``, available.
+    """
     if value is None:
         if not has_register:
             return HandshakeDecision(False, None, NODE_UNREGISTERED)
@@ -99,14 +103,23 @@ def decide(
     shake = parse_handshake(value)
     if shake.state is HandshakeState.REPORTED:
         return HandshakeDecision(True, requesting(now), None)
-    if shake.state is HandshakeState.REQUESTING:
-        assert shake.time is not None
-        if now <= shake.time + timeout:
+    if shake.state is HandshakeState.REQUESTING and shake.time is not None:
+        # Subtract, never add: a stamp in year 9999 plus the timeout overflows.
+        age = _as_utc(now) - shake.time
+        if age < -timeout:
+            # Far ahead of our own clock: not a stamp we wrote now, and honouring it would
+            # keep a dead node available for years. Treated like an unparsable value.
+            return HandshakeDecision(True, requesting(now), None)
+        if age <= timeout:
             return HandshakeDecision(True, None, None)
         return HandshakeDecision(False, None, HANDSHAKE_TIMED_OUT)
     if shake.state is HandshakeState.DELETED:
         return HandshakeDecision(False, None, NODE_DELETED)
     return HandshakeDecision(True, requesting(now), None)
+
+
+def _as_utc(now: datetime) -> datetime:
+    return now if now.tzinfo is not None else now.replace(tzinfo=UTC)
 
 
 def is_available(value: str | None, now: datetime, timeout: timedelta) -> bool:

@@ -13,6 +13,7 @@ from hami.protocol._ints import parse_int32
 from hami.protocol.errors import ProtocolError
 
 _WHAT = "pod devices value"
+MAX_CORES = 100  # percent of one device: a container never holds more than the whole of it
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,7 @@ def encode_pod_devices(containers: Sequence[Sequence[ContainerDevice]]) -> str:
             for field, text in (("uuid", device.uuid), ("vendor", device.vendor)):
                 if not text or any(ch in text for ch in ",:;"):
                     raise ProtocolError(_WHAT, f"{field} is empty or contains , : or ;", text)
+            _check_range(device.memory, device.cores, repr(device))
             out.append(f"{device.uuid},{device.vendor},{device.memory},{device.cores}:")
         out.append(";")
     return "".join(out)
@@ -56,16 +58,21 @@ def _decode_entry(entry: str) -> list[ContainerDevice]:
         fields = piece.split(",")
         if len(fields) < 4:
             raise ProtocolError(_WHAT, f"a device has {len(fields)} fields, expected 4", piece)
-        uuid, vendor, memory, cores = fields[:4]
-        devices.append(
-            ContainerDevice(
-                uuid=uuid,
-                vendor=vendor,
-                memory=parse_int32(memory, what=_WHAT, field="memory"),
-                cores=parse_int32(cores, what=_WHAT, field="cores"),
-            )
-        )
+        uuid, vendor, memory_text, cores_text = fields[:4]
+        memory = parse_int32(memory_text, what=_WHAT, field="memory")
+        cores = parse_int32(cores_text, what=_WHAT, field="cores")
+        _check_range(memory, cores, piece)
+        devices.append(ContainerDevice(uuid=uuid, vendor=vendor, memory=memory, cores=cores))
     return devices
+
+
+def _check_range(memory: int, cores: int, text: str) -> None:
+    """Go accepts negative numbers here; counted as usage they would *add* room to a device
+    (protocol.md §8: this project rejects them), and cores above 100 are no container's."""
+    if memory < 0:
+        raise ProtocolError(_WHAT, "memory is negative", text)
+    if not 0 <= cores <= MAX_CORES:
+        raise ProtocolError(_WHAT, f"cores is outside 0..{MAX_CORES}", text)
 
 
 def first_pending_entry(containers: PodDevices) -> int | None:

@@ -1,0 +1,203 @@
+"""Issue 9: absurd times, negative numbers, lapsed decisions and kubelet's allocatable.
+
+Each test here pins one failure that was reproduced on a real cluster; the core is pure, so
+they are plain unit tests with the time passed in.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from _core_helpers import NOW, NVIDIA, gpu, node, pod, register
+
+from hami.core import cluster as cluster_module
+from hami.core.cluster import Cluster
+from hami.core.requests import parse_pod
+from hami.protocol import ProtocolError, decode_pod_devices, encode_pod_devices, handshake
+from hami.protocol.poddevices import ContainerDevice
+from hami.protocol.stamps import parse_unix_seconds
+
+TIMEOUT = timedelta(seconds=60)
+FAR = "Requesting_9999-12-31 23:59:59"
+
+
+def cluster(**kwargs: Any) -> Cluster:
+    return Cluster([NVIDIA], handshake_timeout=TIMEOUT, **kwargs)
+
+
+def request(mem: int = 1000, cores: int | None = None) -> Any:
+    parsed = parse_pod(pod(gpu(mem=mem, cores=cores)), [NVIDIA])
+    assert parsed is not None
+    return parsed
+
+
+# ------------------------------------------------------------------ item 2: far-off times
+
+
+@pytest.mark.parametrize(
+    "value",
+    [FAR, "Requesting_9999.12.31 23:59:59", "Requesting_2024-05-20 10:05:00"],
+)
+def test_a_stamp_far_in_the_future_is_treated_like_an_unparsable_one(value: str) -> None:
+    decision = handshake.decide(value, has_register=True, now=NOW, timeout=TIMEOUT)
+    assert decision == handshake.HandshakeDecision(True, handshake.requesting(NOW), None)
+
+
+def test_a_stamp_slightly_ahead_is_left_alone() -> None:
+    ahead = handshake.requesting(NOW + timedelta(seconds=30))
+    decision = handshake.decide(ahead, has_register=True, now=NOW, timeout=TIMEOUT)
+    assert decision == handshake.HandshakeDecision(True, None, None)
+
+
+def test_a_very_old_stamp_is_a_timeout_not_an_error() -> None:
+    decision = handshake.decide(
+        "Requesting_0001-01-01 00:00:00", has_register=True, now=NOW, timeout=TIMEOUT
+    )
+    assert decision == handshake.HandshakeDecision(False, None, handshake.HANDSHAKE_TIMED_OUT)
+
+
+def test_near_the_end_of_time_the_decision_is_total() -> None:
+    end = datetime(9999, 12, 31, 23, 59, 30, tzinfo=UTC)
+    for value in (FAR, "Requesting_0001-01-01 00:00:00", "Reported_x", None):
+        handshake.decide(value, has_register=True, now=end, timeout=timedelta(days=9999))
+
+
+def test_a_far_off_stamp_does_not_stop_the_pass_for_other_nodes() -> None:
+    c = cluster()
+    c.upsert_node(node("a", register(["GPU-a0"]), shake=FAR), NOW)
+    dead = handshake.requesting(NOW - timedelta(seconds=120))
+    c.upsert_node(node("b", register(["GPU-b0"]), shake=dead), NOW)
+    writes, _changes = c.refresh(NOW)
+    assert [(w.node, dict(w.annotations)) for w in writes] == [
+        ("a", {"hami.io/node-handshake-nvidia": handshake.requesting(NOW)})
+    ]
+    assert c.nodes["a"].types["nvidia"].available
+    assert not c.nodes["b"].types["nvidia"].available
+    assert c.nodes["b"].types["nvidia"].reason == handshake.HANDSHAKE_TIMED_OUT
+
+
+def test_one_node_that_breaks_the_pass_costs_only_that_node(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    c = cluster()
+    c.upsert_node(node("a", register(["GPU-a0"]), shake="Reported_boom"), NOW)
+    c.upsert_node(node("b", register(["GPU-b0"]), shake="Reported_fine"), NOW)
+    real = handshake.decide
+
+    def decide(value: str | None, **kwargs: Any) -> handshake.HandshakeDecision:
+        if value == "Reported_boom":
+            raise RuntimeError("boom")
+        return real(value, **kwargs)
+
+    monkeypatch.setattr(cluster_module.handshake, "decide", decide)
+    writes, changes = c.refresh(NOW)
+    assert [w.node for w in writes] == ["b"]
+    state = c.nodes["a"].types["nvidia"]
+    assert not state.available
+    assert state.reason is not None and "boom" in state.reason
+    assert [(ch.node, ch.available) for ch in changes] == [("a", False)]
+    assert c.decide(request()).node == "b"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1716199325", datetime(2024, 5, 20, 10, 2, 5, tzinfo=UTC)),
+        (" 1716199325 ", datetime(2024, 5, 20, 10, 2, 5, tzinfo=UTC)),
+        ("0", datetime(1970, 1, 1, tzinfo=UTC)),
+        ("253402300799", datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)),
+    ],
+)
+def test_unix_seconds_parse(text: str, expected: datetime) -> None:
+    assert parse_unix_seconds(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [None, "", "-1", "+5", "1.5", "x", "253402300800", "9" * 5000, "\uff11\uff12", "1e9"],
+)
+def test_unix_seconds_that_are_not_a_time_are_none(text: str | None) -> None:
+    assert parse_unix_seconds(text) is None
+
+
+# ------------------------------------------------------------------ item 3: negative numbers
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "GPU-x,NVIDIA,-20000,0:;",
+        "GPU-x,NVIDIA,1000,-1:;",
+        "GPU-x,NVIDIA,1000,101:;",
+        "GPU-x,NVIDIA,-2147483648,-1:;",
+    ],
+)
+def test_negative_memory_or_cores_out_of_range_are_rejected(value: str) -> None:
+    with pytest.raises(ProtocolError):
+        decode_pod_devices(value)
+
+
+@pytest.mark.parametrize(("memory", "cores"), [(-1, 0), (0, -1), (0, 101)])
+def test_the_encoder_refuses_what_the_decoder_rejects(memory: int, cores: int) -> None:
+    with pytest.raises(ProtocolError):
+        encode_pod_devices([[ContainerDevice("GPU-x", "NVIDIA", memory, cores)]])
+
+
+def holding(name: str, value: str, *, bound: bool = True) -> dict[str, Any]:
+    return pod(
+        gpu(),
+        name=name,
+        uid=f"uid-{name}",
+        node_name="a" if bound else None,
+        phase="Running" if bound else "Pending",
+        annotations={"hami.io/vgpu-node": "a", "hami.io/vgpu-devices-allocated": value},
+    )
+
+
+def test_a_negative_decision_never_adds_room_to_a_device() -> None:
+    c = cluster()
+    c.upsert_node(node("a", register(["GPU-a0"], memory=40960, count=10)), NOW)
+    assert c.upsert_pod(holding("full", "GPU-a0,NVIDIA,40960,0:;")) == []
+    errors = c.upsert_pod(holding("neg", "GPU-a0,NVIDIA,-20000,0:;"))
+    assert len(errors) == 1 and "memory" in errors[0]
+    assert c.usage_snapshot() == {"a": {"GPU-a0": (1, 40960, 0)}}
+    decision = c.decide(request(mem=20000))
+    assert decision.node is None
+    assert "CardInsufficientMemory" in decision.failed["a"]
+
+
+def test_an_over_committed_device_is_full_not_negative_room() -> None:
+    c = cluster()
+    c.upsert_node(node("a", register(["GPU-a0", "GPU-a1"], memory=40960)), NOW)
+    c.upsert_pod(holding("p1", "GPU-a0,NVIDIA,30000,80:;"))
+    c.upsert_pod(holding("p2", "GPU-a0,NVIDIA,30000,80:;"))
+    device = c.nodes["a"].devices["GPU-a0"]
+    assert (device.free_memory, device.free_cores) == (0, 0)
+    state = c.nodes["a"].types["nvidia"]
+    assert state.max_free_memory == 40960  # GPU-a1 only
+    assert state.free_devices == 1
+    decision = c.decide(request(mem=100, cores=10))
+    assert decision.fit is not None
+    assert list(decision.fit.usage) == ["GPU-a1"]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "GPU-a,-10,32768,100,m,0,true:",
+        "GPU-a,10,-1,100,m,0,true:",
+        "GPU-a,10,32768,-100,m,0,true:",
+        '[{"id":"GPU-a","count":10,"devmem":-1,"devcore":100,"health":true}]',
+    ],
+)
+def test_a_negative_register_value_costs_only_that_node(value: str) -> None:
+    c = cluster()
+    errors, _ = c.upsert_node(node("bad", value), NOW)
+    assert len(errors) == 1 and "negative" in errors[0]
+    c.upsert_node(node("good", register(["GPU-g0"])), NOW)
+    c.refresh(NOW)
+    decision = c.decide(request())
+    assert decision.node == "good"
+    assert "negative" in c.explain(request(), ["bad"])["bad"]
