@@ -201,3 +201,71 @@ def test_a_negative_register_value_costs_only_that_node(value: str) -> None:
     decision = c.decide(request())
     assert decision.node == "good"
     assert "negative" in c.explain(request(), ["bad"])["bad"]
+
+
+# ------------------------------------------------------------------ item 6: kubelet's word
+
+
+def with_status(obj: dict[str, Any], capacity: Any, allocatable: Any) -> dict[str, Any]:
+    obj["status"] = {"capacity": capacity, "allocatable": allocatable}
+    return obj
+
+
+def kubelet_node(allocatable: Any, capacity: Any = "4", **kwargs: Any) -> dict[str, Any]:
+    base = {"cpu": "8", "pods": "110"}
+    cap = {**base, "nvidia.com/gpu": capacity} if capacity is not None else base
+    alloc = {**base, "nvidia.com/gpu": allocatable} if allocatable is not None else base
+    return with_status(node("a", register(["GPU-a0"]), **kwargs), cap, alloc)
+
+
+@pytest.mark.parametrize("allocatable", ["0", None, "-1", 0])
+def test_a_type_kubelet_no_longer_allocates_is_unavailable(allocatable: Any) -> None:
+    c = cluster()
+    _errors, changes = c.upsert_node(kubelet_node(allocatable), NOW)
+    assert changes == []  # never was available
+    state = c.nodes["a"].types["nvidia"]
+    assert not state.available
+    assert state.reason is not None and "nvidia.com/gpu" in state.reason
+    c.refresh(NOW)
+    assert not c.nodes["a"].types["nvidia"].available
+    decision = c.decide(request())
+    assert decision.node is None
+    assert "nvidia.com/gpu" in decision.failed["a"]
+
+
+def test_kubelet_dropping_the_resource_turns_the_type_off_and_back_on() -> None:
+    c = cluster()
+    c.upsert_node(kubelet_node("4"), NOW)
+    assert c.decide(request()).node == "a"
+    _errors, changes = c.upsert_node(kubelet_node("0"), NOW)
+    assert [(ch.node, ch.type_word, ch.available) for ch in changes] == [("a", "nvidia", False)]
+    assert changes[0].reason is not None and "nvidia.com/gpu" in changes[0].reason
+    assert c.decide(request()).node is None
+    _errors, changes = c.upsert_node(kubelet_node("4"), NOW)
+    assert [(ch.node, ch.available) for ch in changes] == [("a", True)]
+    assert c.decide(request()).node == "a"
+
+
+@pytest.mark.parametrize(
+    ("capacity", "allocatable"),
+    [(None, None), (None, "0"), ("4", "4"), ("4", "2"), ("4", "1k"), ("4", "rubbish")],
+)
+def test_kubelet_allocatable_that_does_not_say_no_changes_nothing(
+    capacity: Any, allocatable: Any
+) -> None:
+    c = cluster()
+    c.upsert_node(kubelet_node(allocatable, capacity=capacity), NOW)
+    assert c.nodes["a"].types["nvidia"].available
+
+
+@pytest.mark.parametrize(
+    "status",
+    [None, "x", [], {"capacity": "x", "allocatable": 5}, {"capacity": {"nvidia.com/gpu": []}}],
+)
+def test_a_garbage_node_status_is_not_an_error(status: Any) -> None:
+    c = cluster()
+    obj = node("a", register(["GPU-a0"]))
+    obj["status"] = status
+    c.upsert_node(obj, NOW)
+    c.refresh(NOW)
+    assert c.nodes["a"].types["nvidia"].available

@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from hami.core.fit import BINPACK, NodeFit, NodeMiss, TypeView, fit_pod
-from hami.core.requests import DeviceKind, DeviceRequest, PodRequest
+from hami.core.requests import DeviceKind, DeviceRequest, PodRequest, parse_quantity
 from hami.core.usage import DeviceState, Use, pod_usage
 from hami.kube.objects import annotations_of, metadata_of, pod_key
 from hami.protocol import ProtocolError, decode_node_devices, decode_pod_devices, handshake, keys
@@ -39,6 +39,7 @@ class TypeState:
     handshake_value: str | None = None
     devices: list[DeviceState] = field(default_factory=list)
     error: str | None = None  # the register value does not parse
+    kubelet_reason: str | None = None  # kubelet allocates none of the count resource
     available: bool = False
     reason: str | None = handshake.NODE_UNREGISTERED  # why unavailable
     view: TypeView = field(default_factory=lambda: TypeView(()))
@@ -157,6 +158,7 @@ class Cluster:
         node.exists = True
         node.resource_version = str(meta.get("resourceVersion") or "")
         node.lock = annotations.get(keys.NODE_LOCK)
+        capacity, allocatable = _resources(obj, "capacity"), _resources(obj, "allocatable")
         errors: list[str] = []
         devices_changed = False
         for word, kind in self.kinds.items():
@@ -168,6 +170,7 @@ class Cluster:
                     continue
                 state = node.types[word] = TypeState(kind)
             state.handshake_value = shake
+            state.kubelet_reason = _kubelet_says_no(kind.resources.count, capacity, allocatable)
             if register != state.register_value:
                 state.register_value = register
                 error = self._load_register(node, state)
@@ -265,6 +268,10 @@ class Cluster:
                 timeout=self.handshake_timeout,
             )
             available, reason = decision.available, decision.reason
+            if available and state.kubelet_reason is not None:
+                # protocol.md §2 "kubelet's word wins when it says no": the device plugin is
+                # gone (or every device unhealthy) well before the handshake times out.
+                available, reason = False, state.kubelet_reason
             if available and state.register_value is None:
                 available, reason = False, handshake.NODE_UNREGISTERED
             if available and state.error is not None:
@@ -511,6 +518,50 @@ class Cluster:
             for name, node in sorted(self.nodes.items())
             if node.usage
         }
+
+
+def _resources(obj: Mapping[str, Any], field_name: str) -> Mapping[str, Any]:
+    """``status.capacity`` or ``status.allocatable`` of a Node; {} when absent or not a map."""
+    status = obj.get("status")
+    if not isinstance(status, Mapping):
+        return {}
+    resources = status.get(field_name)
+    return resources if isinstance(resources, Mapping) else {}
+
+
+def _count(value: Any) -> int | None:
+    """A count resource's quantity, or None when it is not a readable whole number."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if not isinstance(value, str) or len(value) > 64:
+        return None
+    try:
+        return parse_quantity(value)
+    except (ValueError, ArithmeticError):
+        return None
+
+
+def _kubelet_says_no(
+    resource: str, capacity: Mapping[str, Any], allocatable: Mapping[str, Any]
+) -> str | None:
+    """The reason a type is off when kubelet has the resource but allocates none of it.
+
+    Only a clear "no" counts: the resource in capacity (a readable number) and absent from
+    allocatable, or allocatable at 0 (or below). Anything unreadable leaves the decision to
+    the handshake.
+    """
+    if _count(capacity.get(resource)) is None:
+        return None
+    if resource in allocatable:
+        count = _count(allocatable[resource])
+        if count is None or count > 0:
+            return None
+    return (
+        f"kubelet reports 0 allocatable {resource}: the node agent's device plugin is not "
+        "registered with kubelet (agent stopped?) or every device is unhealthy"
+    )
 
 
 Need = tuple[str, int, int, int, bool]  # type, count, memory (0: relative), cores, exclusive
