@@ -61,15 +61,40 @@ class WebhookConfig:
 
 
 @dataclass(frozen=True)
+class ExtenderTLSConfig:
+    """TLS with client certificates for a remote extender (kube-scheduler's tlsConfig).
+    All empty: plain HTTP, for the default loopback address only."""
+
+    cert_file: str = ""
+    key_file: str = ""
+    client_ca_file: str = ""  # clients must present a certificate signed by this CA
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert_file or self.key_file or self.client_ca_file)
+
+
+@dataclass(frozen=True)
+class ExtenderConfig:
+    """/filter, /bind and /explain: loopback by default (kube-scheduler shares the pod)."""
+
+    address: str = "127.0.0.1"
+    port: int = 9396
+    tls: ExtenderTLSConfig = ExtenderTLSConfig()
+
+
+@dataclass(frozen=True)
 class SchedulerConfig:
     scheduler_name: str = "hami-scheduler"
     handshake_period: Duration = Duration(15)
     handshake_timeout: Duration = Duration(60)
     node_lock_timeout: Duration = Duration(300)
     bind_lock_wait: Duration = Duration(20)  # below kube-scheduler's extender timeout
+    allocation_timeout: Duration = Duration(60)  # a bound pod not allocated by then is failed
     node_policy: str = "binpack"  # binpack or spread
     device_policy: str = "spread"  # spread or binpack
-    http: HttpConfig = HttpConfig(port=9395)
+    http: HttpConfig = HttpConfig(port=9395)  # /healthz, /readyz, /metrics
+    extender: ExtenderConfig = ExtenderConfig()
     webhook: WebhookConfig = WebhookConfig()
 
 
@@ -207,9 +232,16 @@ def _check(config: Config) -> None:
         ("scheduler.handshake_period", config.scheduler.handshake_period),
         ("scheduler.handshake_timeout", config.scheduler.handshake_timeout),
         ("scheduler.node_lock_timeout", config.scheduler.node_lock_timeout),
+        ("scheduler.allocation_timeout", config.scheduler.allocation_timeout),
     ):
         if duration.seconds <= 0:
             raise ConfigError(f"config key {key}: expected a positive duration")
+    tls = config.scheduler.extender.tls
+    if tls.enabled and not (tls.cert_file and tls.key_file and tls.client_ca_file):
+        raise ConfigError(
+            "config key scheduler.extender.tls: set cert_file, key_file and client_ca_file "
+            "together (a TLS extender requires client certificates), or none of them"
+        )
     for name, backend in config.backends.items():
         if backend.split_count < 1:
             raise ConfigError(f"config key backends.{name}.split_count: expected an integer >= 1")

@@ -24,9 +24,16 @@ from typing import Any
 
 from hami import log
 from hami.config import SchedulerConfig
-from hami.core.cluster import FINISHED_PHASES, Cluster, PodRecord
+from hami.core.cluster import Cluster, PodRecord
 from hami.core.requests import DeviceKind, PodRequest, RequestError, parse_pod
 from hami.kube import events, patch
+from hami.kube.nodelock import (
+    OWN_LOCK,
+    LockRules,
+    held_longer_than,
+    judge_holder,
+    judge_value,
+)
 from hami.kube.objects import annotations_of, metadata_of, pod_key
 from hami.kube.raw import Conflict, KubeError, NotFound
 from hami.protocol import NodeLock, encode_pod_devices, keys, parse_lock
@@ -99,6 +106,15 @@ class Scheduler:
             device_policy=settings.device_policy,
         )
         self.metrics = SchedulerMetrics(self.cluster)
+        self.lock_rules = LockRules(
+            timeout=timedelta(seconds=settings.node_lock_timeout.seconds),
+            allocation_timeout=timedelta(seconds=settings.allocation_timeout.seconds),
+        )
+        # A node lock held this long is suspect: filter tries such nodes last.
+        self.lock_busy_after = timedelta(
+            seconds=min(settings.bind_lock_wait.seconds, settings.allocation_timeout.seconds) / 2
+        )
+        self._node_locks: dict[str, NodeLock] = {}  # node -> its parsed hami.io/mutex.lock
         self.nodes_synced = asyncio.Event()
         self.pods_synced = asyncio.Event()
         self._lock_changed: dict[str, asyncio.Event] = {}
@@ -118,6 +134,7 @@ class Scheduler:
         if kind == "DELETED":
             self.cluster.delete_node(name)
             self._node_errors.pop(name, None)
+            self._node_locks.pop(name, None)
             self._wake_lock_waiters(name)
             return
         previous = self.cluster.nodes.get(name)
@@ -136,6 +153,11 @@ class Scheduler:
             self._node_errors[name] = current_errors
         self._log_changes(changes)
         if state is not None and state.lock != old_lock:
+            lock = parse_lock(state.lock)
+            if lock is None:
+                self._node_locks.pop(name, None)
+            else:
+                self._node_locks[name] = lock
             self._wake_lock_waiters(name)
 
     def on_pod(self, kind: str, obj: Json) -> None:
@@ -261,7 +283,7 @@ class Scheduler:
         earlier = self.cluster.pods.get(key)
         if earlier is not None:
             self.cluster.release(key)
-        decision = self.cluster.decide(request, names)
+        decision = self._decide(request, names, key)
         fit = decision.fit
         if decision.node is None or fit is None:
             self.cluster.rollback(key, earlier)
@@ -303,6 +325,23 @@ class Scheduler:
         self._event(pod, "FilteringSucceed", f"node {decision.node} chosen, devices {devices}")
         answer = {"NodeNames": [decision.node], "FailedNodes": {}, "Error": ""}
         return _with_nodes(args, answer, [decision.node]), "scheduled"
+
+    def _decide(self, request: PodRequest, names: list[str], key: str) -> Any:
+        """The cluster's decision, trying nodes whose lock is held suspiciously long last:
+        their holder may have lost its Allocate, and binds there would wait and fail."""
+        now = self.clock.now()
+        busy = {
+            name
+            for name in names
+            if held_longer_than(
+                self._node_locks.get(name), now, self.lock_rules, self.lock_busy_after, key
+            )
+        }
+        if busy:
+            decision = self.cluster.decide(request, [n for n in names if n not in busy])
+            if decision.node is not None:
+                return decision
+        return self.cluster.decide(request, names)
 
     def _decision_annotations(
         self, pod: Mapping[str, Any], node: str, assignment: Mapping[str, Any]
@@ -424,7 +463,6 @@ class Scheduler:
     async def _take_lock(self, node: str, namespace: str, name: str) -> None:
         """Set ``hami.io/mutex.lock`` for this pod, waiting (bounded) while another holds it."""
         wait = self.settings.bind_lock_wait.seconds
-        expiry = timedelta(seconds=self.settings.node_lock_timeout.seconds)
         deadline = self.clock.monotonic() + wait
         while True:
             changed = self._lock_changed.setdefault(node, asyncio.Event())
@@ -434,12 +472,12 @@ class Scheduler:
                 raise BindError(f"hami bind: reading node {node} failed: {exc}") from exc
             meta = metadata_of(current)
             value = annotations_of(current).get(keys.NODE_LOCK)
-            holder = await self._live_holder(value, node, namespace, name, expiry)
+            holder = await self._live_holder(value, node, namespace, name)
             if holder is not None:
                 remaining = deadline - self.clock.monotonic()
                 if remaining <= 0:
                     raise BindError(
-                        f"hami bind: node {node} is locked by pod {holder.namespace}/{holder.pod} "
+                        f"hami bind: node {node} is locked by {_holder_words(holder)} "
                         f"(since {holder.time:%Y-%m-%dT%H:%M:%SZ}) and it was not released "
                         f"within {wait:g}s; the node agent releases it after the pod's "
                         "allocation"
@@ -466,38 +504,62 @@ class Scheduler:
                 raise BindError(f"hami bind: locking node {node} failed: {exc}") from exc
 
     async def _live_holder(
-        self, value: str | None, node: str, namespace: str, name: str, expiry: timedelta
+        self, value: str | None, node: str, namespace: str, name: str
     ) -> NodeLock | None:
-        """The lock's holder if it blocks us; None when free, ours or stale."""
-        if not value:
+        """The lock's holder if it blocks us; None when free, ours or stale (one rule:
+        ``hami.kube.nodelock``). A holder that lost its Allocate is failed first."""
+        now = self.clock.now()
+        view = judge_value(value, now, self.lock_rules, me=f"{namespace}/{name}")
+        if view.free:
+            if view.reason and view.reason != OWN_LOCK:
+                _log.info("taking over a node lock", node=node, lock=value, reason=view.reason)
             return None
-        lock = parse_lock(value)
-        if lock is None:
-            _log.info("taking over a malformed node lock", node=node, lock=value)
-            return None
-        if (lock.namespace, lock.pod) == (namespace, name):
-            return None
-        if lock.is_expired(self.clock.now(), expiry):
-            _log.info("taking over a stale node lock", node=node, lock=value)
-            return None
+        lock = view.lock
+        assert lock is not None
+        if not view.needs_pod:
+            return lock  # the legacy owner-less form: held until the lock timeout
         try:
-            holder = await patch.get_pod(self.api, lock.namespace, lock.pod)
+            holder: Json | None = await patch.get_pod(self.api, lock.namespace, lock.pod)
         except NotFound:
-            _log.info("taking over the lock of a deleted pod", node=node, lock=value)
-            return None
+            holder = None
         except KubeError:
             return lock  # cannot tell: treat as held
-        phase = (holder.get("status") or {}).get("phase")
-        if phase in FINISHED_PHASES:
-            _log.info("taking over the lock of a finished pod", node=node, lock=value)
-            return None
-        reason = _lock_holder_moved_on(holder, node)
-        if reason:
-            # A scheduler that died between locking and binding leaves such a lock; waiting
-            # the full lock timeout would stall every device pod bound to this node.
-            _log.info("taking over a node lock", node=node, lock=value, reason=reason)
-            return None
-        return lock
+        verdict = judge_holder(lock, holder, node, now, self.lock_rules)
+        if not verdict.stale:
+            return lock
+        failed = holder is not None and verdict.fail_holder
+        if failed and not await self._fail_stalled_holder(holder or {}, node, verdict.reason):
+            return lock  # it changed meanwhile (or the write failed): judge again
+        # A scheduler that died between locking and binding, or a pod whose Allocate was
+        # lost, leaves such a lock; waiting the full lock timeout would stall the node.
+        _log.info("taking over a node lock", node=node, lock=value, reason=verdict.reason)
+        return None
+
+    async def _fail_stalled_holder(self, holder: Json, node: str, reason: str) -> bool:
+        """Mark a lock holder that lost its Allocate ``bind-phase: failed`` (guarded by its
+        resourceVersion: a pod that progressed meanwhile is left alone); True when done."""
+        meta = metadata_of(holder)
+        namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        try:
+            await patch.patch_pod_annotations(
+                self.api,
+                namespace,
+                name,
+                {keys.BIND_PHASE: str(keys.BindPhase.FAILED)},
+                resource_version=str(meta.get("resourceVersion") or "") or None,
+            )
+        except KubeError as exc:
+            _log.info("stalled lock holder not failed", pod=f"{namespace}/{name}", error=str(exc))
+            return False
+        message = (
+            f"pod {namespace}/{name} was bound to node {node} but {reason}; marked "
+            f"{keys.BIND_PHASE}=failed and its node lock taken over so the node can take other "
+            "pods (kubelet never called Allocate for it). Delete and recreate the pod"
+        )
+        _log.warning("lock holder failed", pod=f"{namespace}/{name}", node=node, reason=reason)
+        uid = str(meta.get("uid") or "") or None
+        self._event_ref(namespace, name, uid, "AllocationTimedOut", message, "Warning")
+        return True
 
     # ------------------------------------------------------------------ explain
 
@@ -589,15 +651,7 @@ def _bind_reason(message: str) -> str:
     return "error"
 
 
-def _lock_holder_moved_on(holder: Mapping[str, Any], node: str) -> str | None:
-    """Why a live lock holder no longer needs this node's lock, or None if it does."""
-    annotations = annotations_of(holder)
-    if annotations.get(keys.BIND_PHASE) in (keys.BindPhase.SUCCESS, keys.BindPhase.FAILED):
-        return f"its pod's allocation already ended ({annotations[keys.BIND_PHASE]})"
-    bound_to = (holder.get("spec") or {}).get("nodeName")
-    chosen = annotations.get(keys.VGPU_NODE)
-    if bound_to and bound_to != node:
-        return f"its pod is bound to node {bound_to}"
-    if not bound_to and chosen and chosen != node:
-        return f"its pod was since placed on node {chosen}"
-    return None
+def _holder_words(lock: NodeLock) -> str:
+    if lock.owner is None:
+        return "an older HAMi scheduler (a lock naming no pod)"
+    return f"pod {lock.owner}"
