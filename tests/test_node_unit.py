@@ -116,12 +116,13 @@ def test_plan_two_containers_then_done(tmp_path: Path) -> None:
     backend = fake_backend(tmp_path)
     value = "GPU-u-0,NVIDIA,3000,0:;GPU-u-0,NVIDIA,5000,0:;"
     p = pod("p", value, containers=2)
-    first = plan_allocation(p, backend, [1], [])
+    devices = backend._devices
+    first = plan_allocation(p, backend, [1], devices)
     assert first.annotations == {TO_ALLOC: ";GPU-u-0,NVIDIA,5000,0:;"} and not first.done
     assert first.containers[0].name == "c0"
     assert first.containers[0].allocation.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
     p["metadata"]["annotations"][TO_ALLOC] = first.annotations[TO_ALLOC]
-    second = plan_allocation(p, backend, [1], [])
+    second = plan_allocation(p, backend, [1], devices)
     assert second.done and second.containers[0].name == "c1"
     assert second.annotations == {TO_ALLOC: ";;", keys.BIND_PHASE: "success"}
 
@@ -442,7 +443,7 @@ def test_pod_with_two_device_types_is_done_when_both_are(tmp_path: Path) -> None
     backend = fake_backend(tmp_path)
     p = pod("p", "GPU-u-0,NVIDIA,3000,0:;")
     p["metadata"]["annotations"]["hami.io/cambricon-mlu-devices-to-allocate"] = "MLU-1,MLU,256,0:;"
-    plan = plan_allocation(p, backend, [1], [])
+    plan = plan_allocation(p, backend, [1], backend._devices)
     assert not plan.done and keys.BIND_PHASE not in plan.annotations
     p["metadata"]["annotations"]["hami.io/cambricon-mlu-devices-to-allocate"] = ";"
-    assert plan_allocation(p, backend, [1], []).done
+    assert plan_allocation(p, backend, [1], backend._devices).done

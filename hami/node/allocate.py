@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -23,6 +24,7 @@ from hami.backends.base import (
     ContainerAllocation,
     Device,
 )
+from hami.kube.nodelock import DEFAULT_ALLOCATION_TIMEOUT, LockRules, judge_holder, judge_value
 from hami.kube.objects import annotations_of, metadata_of, pod_containers
 from hami.protocol import (
     ContainerDevice,
@@ -34,7 +36,7 @@ from hami.protocol import (
     parse_lock,
 )
 from hami.protocol.keys import BindPhase
-from hami.protocol.nodelock import DEFAULT_LOCK_TIMEOUT
+from hami.protocol.nodelock import DEFAULT_LOCK_TIMEOUT, parse_unix_time
 
 _log = log.get(__name__)
 
@@ -56,11 +58,10 @@ def pod_ref(pod: Pod) -> str:
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
-def _bind_time(pod: Pod) -> int:
-    try:
-        return int(annotations_of(pod).get(keys.BIND_TIME, ""))
-    except ValueError:
-        return 2**63  # unknown bind time: after every pod that has one
+def _bind_time(pod: Pod) -> float:
+    stamp = parse_unix_time(annotations_of(pod).get(keys.BIND_TIME))
+    # unknown (or absurd) bind time: after every pod that has one
+    return float("inf") if stamp is None else stamp.timestamp()
 
 
 def is_pending_for(pod: Pod, node: str, to_allocate_key: str) -> bool:
@@ -108,6 +109,49 @@ def choose_pod(
             pod_ref(p),
         ),
     )
+
+
+# What a device uuid may look like: the pod value reaches the container's environment
+# (NVIDIA_VISIBLE_DEVICES), where "all", "none" or a list would widen what it sees.
+_UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}", re.ASCII)
+_RESERVED_UUIDS = frozenset({"all", "none", "void"})
+MAX_CORES = 100
+_FIX = "the decision must come from the HAMi scheduler: delete the pod and create it again"
+
+
+def check_entry(
+    devices: Sequence[ContainerDevice],
+    backend: Backend,
+    node_devices: Sequence[Device],
+    where: str,
+) -> None:
+    """Refuse a decision this node cannot honestly serve (a forged or foreign annotation):
+    every uuid a device of this node and backend, once; 0 <= memory <= the device's
+    registered memory; 0 <= cores <= 100. Raises AllocateError naming the value and the fix."""
+    registered = {d.uuid: d.memory for d in backend.to_node_devices(node_devices)}
+    seen: set[str] = set()
+    for device in devices:
+        uuid = device.uuid
+        if not _UUID.fullmatch(uuid) or uuid.lower() in _RESERVED_UUIDS:
+            raise AllocateError(f"{where}: {uuid!r} is not a device uuid; {_FIX}")
+        if uuid not in registered:
+            known = ", ".join(sorted(registered)) or "none"
+            raise AllocateError(
+                f"{where}: device {uuid} is not a {backend.type_word} device of this node "
+                f"(its devices: {known}); {_FIX}"
+            )
+        if uuid in seen:
+            raise AllocateError(f"{where}: device {uuid} is listed twice; {_FIX}")
+        seen.add(uuid)
+        if not 0 <= device.memory <= registered[uuid]:
+            raise AllocateError(
+                f"{where}: memory {device.memory} MiB on device {uuid} is outside 0.."
+                f"{registered[uuid]} MiB (the device's registered memory); {_FIX}"
+            )
+        if not 0 <= device.cores <= MAX_CORES:
+            raise AllocateError(
+                f"{where}: cores {device.cores} on device {uuid} is outside 0..{MAX_CORES}; {_FIX}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +224,10 @@ def plan_allocation(
                 f"(the pod has {len(containers)})",
                 ref,
             )
+        try:
+            check_entry(devices, backend, node_devices, f"annotation {key} entry {index}")
+        except AllocateError as exc:
+            raise AllocateError(exc.cause, ref) from None
         container = containers[index]
         name = str(container.get("name", ""))
         request = AllocationRequest(
@@ -316,12 +364,14 @@ class Allocator:
         kube: KubeCalls,
         *,
         lock_timeout: timedelta = DEFAULT_LOCK_TIMEOUT,
+        allocation_timeout: timedelta = DEFAULT_ALLOCATION_TIMEOUT,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.node = node
         self.kube = kube
         self.lock = asyncio.Lock()
         self.lock_timeout = lock_timeout
+        self.rules = LockRules(lock_timeout, allocation_timeout)
         self.now = now
         self.log = _log.bind(role="node", node=node)
 
@@ -329,7 +379,7 @@ class Allocator:
         node = await self.kube.get_node(self.node)
         lock = parse_lock(annotations_of(node).get(keys.NODE_LOCK))
         lock_pod: Pod | None = None
-        if lock is not None:
+        if lock is not None and lock.owner is not None:  # a legacy lock names no pod
             try:
                 lock_pod = await self.kube.get_pod(lock.namespace, lock.pod)
             except Exception as exc:
@@ -440,22 +490,28 @@ class Allocator:
         self.log.warning("node_lock_release_failed", pod=ref, error="kept conflicting")
 
     async def _release_stale_lock(self, node: Mapping[str, Any]) -> None:
-        """With no pending pod, a lock whose pod is gone (or malformed, or expired) is stale."""
+        """With no pending pod, release the lock if it is stale (``hami.kube.nodelock``)."""
         value = annotations_of(node).get(keys.NODE_LOCK)
         if value is None:
             return
-        lock = parse_lock(value)
-        stale = lock is None or lock.is_expired(self.now(), self.lock_timeout)
-        if lock is not None and not stale:
+        now = self.now()
+        view = judge_value(value, now, self.rules)
+        stale, reason = view.free, view.reason
+        if view.needs_pod and view.lock is not None:
+            lock = view.lock
             try:
-                await self.kube.get_pod(lock.namespace, lock.pod)
+                holder: Pod | None = await self.kube.get_pod(lock.namespace, lock.pod)
             except Exception as exc:
-                stale = self.kube.is_not_found(exc)
+                if not self.kube.is_not_found(exc):
+                    return  # cannot tell: leave it
+                holder = None
+            verdict = judge_holder(lock, holder, self.node, now, self.rules)
+            stale, reason = verdict.stale, verdict.reason
         if stale:
             rv = metadata_of(node).get("resourceVersion")
             with contextlib.suppress(Exception):
                 await self.kube.patch_node(self.node, {keys.NODE_LOCK: None}, rv)
-                self.log.info("stale_node_lock_released", lock=value)
+                self.log.info("stale_node_lock_released", lock=value, reason=reason)
 
 
 def _make_dir(path: str) -> None:
