@@ -13,16 +13,13 @@ from typing import Any
 
 import pytest
 import yaml
+from _manifest_helpers import apply, documents
 
 from hami import config
 from hami.backends import registry
 from hami.kube.raw import Conflict, request
 
 pytestmark = pytest.mark.controlplane
-
-MANIFESTS = Path(__file__).resolve().parents[1] / "docker" / "manifests"
-APPLY_PATCH = "application/apply-patch+yaml"
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}
 
 # A stand-in for the Prometheus Operator's CRD, so the optional ServiceMonitor is checked too.
 SERVICE_MONITOR_CRD = {
@@ -54,29 +51,13 @@ SERVICE_MONITOR_CRD = {
 }
 
 
-def _documents() -> list[dict[str, Any]]:
-    docs: list[dict[str, Any]] = []
-    for path in sorted(MANIFESTS.glob("*.yaml")):
-        docs += [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
-    return docs
-
-
-def _collection_path(doc: dict[str, Any]) -> str:
-    group_version = doc["apiVersion"]
-    base = f"/api/{group_version}" if "/" not in group_version else f"/apis/{group_version}"
-    plural = doc["kind"].lower() + "s"
-    if doc["kind"] in CLUSTER_SCOPED:
-        return f"{base}/{plural}"
-    return f"{base}/namespaces/{doc['metadata']['namespace']}/{plural}"
-
-
 async def _ensure(api: Any, path: str, body: dict[str, Any]) -> None:
     with contextlib.suppress(Conflict):  # already there from an earlier test
         await request(api, "POST", path, body=body)
 
 
 async def test_every_manifest_passes_server_side_dry_run(api_client: Any) -> None:
-    docs = _documents()
+    docs = documents()
     kinds = {doc["kind"] for doc in docs}
     assert {
         "Deployment",
@@ -99,12 +80,7 @@ async def test_every_manifest_passes_server_side_dry_run(api_client: Any) -> Non
     for doc in docs:
         if doc["kind"] == "ServiceMonitor":
             await _wait_for_crd(api_client)
-        # Server-side apply, as `kubectl apply --server-side --dry-run=server` does.
-        query = [("dryRun", "All"), ("fieldValidation", "Strict"), ("fieldManager", "hami-test")]
-        path = f"{_collection_path(doc)}/{doc['metadata']['name']}"
-        created = await request(
-            api_client, "PATCH", path, body=doc, query=query, content_type=APPLY_PATCH
-        )
+        created = await apply(api_client, doc, dry_run=True)
         assert created["kind"] == doc["kind"], created
         assert created["metadata"]["name"] == doc["metadata"]["name"]
 
@@ -125,7 +101,7 @@ async def _wait_for_crd(api: Any) -> None:
 
 
 def test_embedded_configs_are_valid_and_complete() -> None:
-    maps = {d["metadata"]["name"]: d for d in _documents() if d["kind"] == "ConfigMap"}
+    maps = {d["metadata"]["name"]: d for d in documents() if d["kind"] == "ConfigMap"}
     hami_cfg = config.from_mapping(yaml.safe_load(maps["hami-config"]["data"]["hami.yaml"]), env={})
     sched = yaml.safe_load(maps["hami-kube-scheduler"]["data"]["kube-scheduler.yaml"])
     assert sched["profiles"][0]["schedulerName"] == hami_cfg.scheduler.scheduler_name
@@ -140,7 +116,7 @@ def test_embedded_configs_are_valid_and_complete() -> None:
 
 
 def test_workloads_use_the_ports_and_files_the_config_names() -> None:
-    docs = {(d["kind"], d["metadata"]["name"]): d for d in _documents()}
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in documents()}
     maps = docs[("ConfigMap", "hami-config")]
     hami_cfg = config.from_mapping(yaml.safe_load(maps["data"]["hami.yaml"]), env={})
     scheduler = docs[("Deployment", "hami-scheduler")]["spec"]["template"]["spec"]
