@@ -1,0 +1,140 @@
+"""A pod bound but never allocated must not hold its node for the lock timeout (issue 9
+item 4): on the real control plane, with the scheduler's clock injected."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from _sched_helpers import (
+    FakeClock,
+    create_node,
+    create_pod,
+    delete_nodes,
+    gpu_pod,
+    post,
+    register,
+    running_scheduler,
+    scheduler_config,
+    unique,
+)
+
+from hami.kube import patch
+from hami.kube.raw import request
+from hami.protocol import keys
+from hami.testkit.cluster import poll
+
+REPORTED = "Reported_2024-05-20 09:59:50"
+
+
+def binding(pod: dict[str, Any], node: str) -> dict[str, Any]:
+    meta = pod["metadata"]
+    return {
+        "PodName": meta["name"],
+        "PodNamespace": meta["namespace"],
+        "PodUID": meta["uid"],
+        "Node": node,
+    }
+
+
+async def nodes(api: Any, prefix: str, n: int) -> list[str]:
+    names = [f"{prefix}-{i}" for i in range(n)]
+    for name in names:
+        uuids = [f"GPU-{name}-{d}" for d in range(2)]
+        await create_node(
+            api,
+            name,
+            {
+                "hami.io/node-nvidia-register": register(uuids),
+                "hami.io/node-handshake-nvidia": REPORTED,
+            },
+        )
+    return names
+
+
+async def bound_holder(api: Any, namespace: str, node: str, fake: FakeClock) -> dict[str, Any]:
+    """A pod the scheduler bound to ``node`` whose Allocate never came (the lock is its)."""
+    now = fake.now()
+    body = gpu_pod("holder", mem=100)
+    body["spec"]["nodeName"] = node
+    body["metadata"]["annotations"] = {
+        keys.VGPU_NODE: node,
+        keys.BIND_PHASE: "allocating",
+        keys.BIND_TIME: str(int(now.timestamp())),
+    }
+    pod = await create_pod(api, namespace, body)
+    lock = f"{now:%Y-%m-%dT%H:%M:%SZ},{namespace},holder"
+    await patch.patch_node_annotations(api, node, {keys.NODE_LOCK: lock})
+    return pod
+
+
+async def test_a_holder_without_allocation_is_failed_and_its_lock_taken_over(
+    api_client: Any, namespace: str
+) -> None:
+    fake = FakeClock()
+    cfg = scheduler_config(bind_lock_wait="0.5s", node_lock_timeout="5m", allocation_timeout="60s")
+    names = await nodes(api_client, unique("st"), 1)
+    (name,) = names
+    try:
+        async with running_scheduler(api_client, fake, cfg) as role:
+            await poll(lambda: name in role.scheduler.cluster.nodes)
+            await bound_holder(api_client, namespace, name, fake)
+            pod = await create_pod(api_client, namespace, gpu_pod("p", mem=100))
+            # 30 s in: the holder may still be allocating; the bind waits and fails
+            fake.advance(30)
+            answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": names})
+            assert answer["NodeNames"] == [name]
+            answer = await post(f"{role.url}/bind", binding(pod, name))
+            assert f"locked by pod {namespace}/holder" in answer["Error"]
+            # past the allocation timeout (not the 5 min lock timeout): taken over at once
+            fake.advance(31)
+            answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": names})
+            assert answer["NodeNames"] == [name]
+            began = asyncio.get_running_loop().time()
+            answer = await post(f"{role.url}/bind", binding(pod, name))
+            assert answer == {"Error": ""}
+            assert asyncio.get_running_loop().time() - began < 5
+            node = await patch.get_node(api_client, name)
+            assert node["metadata"]["annotations"][keys.NODE_LOCK].endswith(f",{namespace},p")
+            holder = await patch.get_pod(api_client, namespace, "holder")
+            assert holder["metadata"]["annotations"][keys.BIND_PHASE] == "failed"
+            await role.scheduler.drain()
+            events = await request(
+                api_client,
+                "GET",
+                f"/api/v1/namespaces/{namespace}/events",
+                query=[("fieldSelector", "involvedObject.name=holder")],
+            )
+            reasons = {e["reason"]: e["message"] for e in events["items"]}
+            assert "AllocationTimedOut" in reasons
+            assert f"pod {namespace}/holder" in reasons["AllocationTimedOut"]
+    finally:
+        await delete_nodes(api_client, names)
+
+
+async def test_filter_tries_a_node_with_a_long_held_lock_last(
+    api_client: Any, namespace: str
+) -> None:
+    fake = FakeClock()
+    cfg = scheduler_config(bind_lock_wait="20s", allocation_timeout="60s")
+    names = await nodes(api_client, unique("bz"), 2)
+    try:
+        async with running_scheduler(api_client, fake, cfg) as role:
+            await poll(lambda: all(n in role.scheduler.cluster.nodes for n in names))
+            await bound_holder(api_client, namespace, names[0], fake)
+            await poll(lambda: role.scheduler._node_locks.get(names[0]) is not None)
+            # a fresh lock is normal (allocation takes seconds): the usual order, names[0]
+            first = await create_pod(api_client, namespace, gpu_pod("first", mem=100))
+            answer = await post(f"{role.url}/filter", {"Pod": first, "NodeNames": names})
+            assert answer["NodeNames"] == [names[0]]
+            # held past half the bind wait: another node is preferred while one fits
+            fake.advance(11)
+            second = await create_pod(api_client, namespace, gpu_pod("second", mem=100))
+            answer = await post(f"{role.url}/filter", {"Pod": second, "NodeNames": names})
+            assert answer["NodeNames"] == [names[1]]
+            # when only the locked node is a candidate, it is still chosen (bind decides)
+            third = await create_pod(api_client, namespace, gpu_pod("third", mem=100))
+            answer = await post(f"{role.url}/filter", {"Pod": third, "NodeNames": names[:1]})
+            assert answer["NodeNames"] == [names[0]]
+    finally:
+        await delete_nodes(api_client, names)
