@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
@@ -176,6 +177,7 @@ class KubeletEmulator:
         base_capacity: Mapping[str, str] | None = None,
         heartbeat_interval: float = 10.0,
         rpc_timeout: float = 10.0,
+        status_retry: tuple[float, float] = (0.2, 5.0),
     ) -> None:
         self.node_name = node_name
         self.kubeconfig = Path(kubeconfig)
@@ -188,6 +190,11 @@ class KubeletEmulator:
         self.base_capacity = dict(base_capacity or {"cpu": "32", "memory": "128Gi", "pods": "110"})
         self.heartbeat_interval = heartbeat_interval
         self.rpc_timeout = rpc_timeout
+        #: first and largest pause between tries of a failed pod status write
+        self.status_retry = status_retry
+        #: pods ("namespace/name") this kubelet never calls Allocate for and leaves Pending:
+        #: an Allocate lost in an outage, for fault tests
+        self.lose: set[str] = set()
         #: resource name -> plugin
         self.plugins: dict[str, PluginState] = {}
         #: (namespace, name) -> the latest admission of that pod
@@ -673,6 +680,11 @@ class KubeletEmulator:
         containers = [(True, c) for c in spec.get("initContainers") or []]
         containers += [(False, c) for c in spec.get("containers") or []]
         reusable: dict[str, list[str]] = {}  # devices of finished init containers
+        if f"{adm.namespace}/{adm.name}" in self.lose:
+            log.warning(
+                "%s: losing the admission of %s/%s", self.node_name, adm.namespace, adm.name
+            )
+            return
         try:
             for init, container in containers:
                 for resource, count in self._device_requests(container, self.plugins):
@@ -697,22 +709,52 @@ class KubeletEmulator:
             phase, reason, message = "Running", None, None
             status = self._running_status(spec)
         try:
-            await _json(
-                self._core.patch_namespaced_pod_status(
-                    adm.name,
-                    adm.namespace,
-                    {"status": status},
-                    _content_type=MERGE_PATCH,
-                    _preload_content=False,
-                )
-            )
-        except KubeApiError as exc:
-            if exc.status != 404:
-                raise
+            await self._write_status(adm, status)
         finally:
             # only now: waiters look at the pod once its status is written
             adm.phase, adm.reason, adm.message = phase, reason, message
             await self._notify()
+
+    async def _write_status(self, adm: PodAdmission, status: dict[str, Any]) -> None:
+        """Patch the pod's status, retrying with capped back-off as kubelet's status manager
+        does (an API server outage must not leave an admitted pod Pending for ever); a pod
+        that is gone (404) or a deleted admission ends the tries."""
+        delay, largest = self.status_retry
+        while True:
+            try:
+                await self._patch_status(adm, status)
+                return
+            except KubeApiError as exc:
+                if exc.status == 404:
+                    return
+                if exc.status < 500 and exc.status not in (409, 429):
+                    raise
+                error: Exception = exc
+            except (OSError, TimeoutError, aiohttp.ClientError) as exc:
+                error = exc
+            if adm.deleted:
+                return
+            log.warning(
+                "%s: status of pod %s/%s not written, retrying in %.1fs: %r",
+                self.node_name,
+                adm.namespace,
+                adm.name,
+                delay,
+                error,
+            )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, largest)
+
+    async def _patch_status(self, adm: PodAdmission, status: dict[str, Any]) -> None:
+        await _json(
+            self._core.patch_namespaced_pod_status(
+                adm.name,
+                adm.namespace,
+                {"status": status},
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+            )
+        )
 
     async def _allocate(
         self,
