@@ -42,6 +42,7 @@ def scheduler_config(**overrides: Any) -> config.Config:
     raw: dict[str, Any] = {
         "scheduler": {
             "http": {"address": "127.0.0.1", "port": 0},
+            "extender": {"address": "127.0.0.1", "port": 0},
             "webhook": {"enabled": False},
             "bind_lock_wait": "20s",
             **overrides,

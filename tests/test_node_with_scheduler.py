@@ -61,6 +61,7 @@ async def test_pods_placed_by_the_scheduler_start_on_node_agents(
         {
             "scheduler": {
                 "http": {"address": "127.0.0.1", "port": 0},
+                "extender": {"address": "127.0.0.1", "port": 0},
                 "webhook": {"enabled": False},
                 "handshake_period": "1s",
             },

@@ -54,6 +54,7 @@ async def test_scheduler_process_serves_and_stops_on_sigterm(
                 "kubeconfig": str(kubeconfig),
                 "scheduler": {
                     "http": {"address": "127.0.0.1", "port": port},
+                    "extender": {"address": "127.0.0.1", "port": 0},
                     "webhook": {"enabled": False},
                 },
                 "backends": {"nvidia": {"enabled": True}, "mlu": {"enabled": True}},

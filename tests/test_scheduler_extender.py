@@ -123,11 +123,11 @@ async def test_filter_and_bind_write_the_protocol_annotations(
                     f"{role.url}/explain", params={"namespace": namespace, "name": "p1"}
                 ) as r:
                     explained = await r.json()
-                async with s.get(f"{role.url}/metrics") as r:
+                async with s.get(f"{role.probe_url}/metrics") as r:
                     metrics = await r.text()
-                async with s.get(f"{role.url}/readyz") as r:
+                async with s.get(f"{role.probe_url}/readyz") as r:
                     assert r.status == 200
-                async with s.get(f"{role.url}/healthz") as r:
+                async with s.get(f"{role.probe_url}/healthz") as r:
                     assert r.status == 200
             assert explained["assigned"] == chosen
             assert explained["nodes"][nodes[1]] == "fits"
@@ -255,7 +255,7 @@ async def test_handshake_timeout_and_recovery(api_client: Any, namespace: str) -
             assert answer["FailedNodes"] == {name: "handshake timed out"}
             async with (
                 aiohttp.ClientSession() as s,
-                s.get(f"{role.url}/metrics") as r,
+                s.get(f"{role.probe_url}/metrics") as r,
             ):
                 text = await r.text()
             assert f'hami_node_available{{node="{name}",type="nvidia"}} 0.0' in text

@@ -29,7 +29,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("pod", help="pod name")
     parser.add_argument("-n", "--namespace", default="default", help="pod namespace")
     parser.add_argument(
-        "--url", help="a running scheduler role (default: http://127.0.0.1:{scheduler.http.port})"
+        "--url",
+        help="a running scheduler role (default: http://127.0.0.1:{scheduler.extender.port})",
     )
     parser.add_argument(
         "--offline", action="store_true", help="compute from the cluster's annotations only"
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     log.configure(cfg.log.level, cfg.log.format)
     answer: dict[str, Any] | None = None
     if not args.offline:
-        url = args.url or f"http://127.0.0.1:{cfg.scheduler.http.port}"
+        url = args.url or f"http://127.0.0.1:{cfg.scheduler.extender.port}"  # /explain is there
         answer = ask_scheduler(url, args.namespace, args.pod)
         if answer is None:
             print(f"no scheduler answered at {url}; computing from annotations", file=sys.stderr)

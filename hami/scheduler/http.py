@@ -1,12 +1,23 @@
-"""The scheduler's HTTP surface (aiohttp): extender verbs, probes, metrics, explain, webhook.
+"""The scheduler's HTTP surface (aiohttp), as three applications on three listeners:
+
+- extender (``scheduler.extender``, loopback by default): ``/filter``, ``/bind``,
+  ``/explain``; kube-scheduler in the same pod is its only client;
+- probes (``scheduler.http``, all addresses): ``/healthz``, ``/readyz``, ``/metrics``;
+- webhook (``scheduler.webhook``, TLS): ``/webhook`` and ``/healthz``.
 
 kube-scheduler treats a non-200 answer as a failed extender, so the extender verbs always
-answer 200 with any error in ``Error``. Request bodies are capped (``MAX_BODY``).
+answer 200 with any error in ``Error``. Every body is capped (sized to kube-scheduler's and
+the API server's real requests) and must arrive within ``BODY_TIMEOUT``; request headers
+within ``HEADER_TIMEOUT`` (see ``server_options``), so slow or idle clients cannot hold
+connections open.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,16 +29,59 @@ from hami.scheduler.service import Scheduler
 from hami.scheduler.webhook import review
 
 _log = log.get(__name__)
-MAX_BODY = 16 * 1024 * 1024  # 5000 node names are ~100 KiB; pods with big specs fit too
+
+# ExtenderArgs with nodeCacheCapable: the Pod (etcd caps an object at 1.5 MiB) and the node
+# names (15,000 names are ~300 KiB).
+MAX_BODY = 2 * 1024 * 1024
+MAX_BIND_BODY = 64 * 1024  # ExtenderBindingArgs: four short strings
+MAX_WEBHOOK_BODY = 3 * 1024 * 1024 + 64 * 1024  # the API server's own request cap, plus the review
+HEADER_TIMEOUT = 5.0  # seconds from connect (or the last answer) to a complete request head
+BODY_TIMEOUT = 10.0  # seconds for a whole request body
+LINGER_SECONDS = 1.0  # reading an unread body after an early answer, before closing
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Readiness = Callable[[], str | None]  # None when ready, else why not
 
 
-async def _json_body(request: web.Request) -> tuple[Any, str | None]:
+class _BodyError(Exception):
+    pass
+
+
+def server_options() -> dict[str, Any]:
+    """Keyword arguments for ``web.AppRunner``: timeouts that close slow or idle clients.
+
+    aiohttp arms ``keepalive_timeout`` when a connection opens and after each answer, and
+    closes a connection that has not delivered a complete request head by then."""
+    return {
+        "access_log": None,
+        "keepalive_timeout": HEADER_TIMEOUT,
+        "lingering_time": LINGER_SECONDS,
+    }
+
+
+async def _read_body(request: web.Request, cap: int) -> bytes:
+    if request.content_length is not None and request.content_length > cap:
+        # Answer before reading: a 16 MiB body is never read into memory.
+        raise _BodyError(f"request body larger than {cap} bytes")
+    parts: list[bytes] = []
+    size = 0
     try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        return None, f"request body larger than {MAX_BODY} bytes"
+        async with asyncio.timeout(BODY_TIMEOUT):
+            async for chunk in request.content.iter_chunked(64 * 1024):
+                size += len(chunk)
+                if size > cap:
+                    raise _BodyError(f"request body larger than {cap} bytes")
+                parts.append(chunk)
+    except TimeoutError:
+        raise _BodyError(f"request body not received within {BODY_TIMEOUT:g}s") from None
+    return b"".join(parts)
+
+
+async def _json_body(request: web.Request, cap: int) -> tuple[Any, str | None]:
+    try:
+        raw = await _read_body(request, cap)
+    except _BodyError as exc:
+        return None, str(exc)
     try:
         return json.loads(raw), None
     except (ValueError, RecursionError) as exc:
@@ -42,44 +96,37 @@ def _json(data: Any, status: int = 200) -> web.Response:
     )
 
 
-def build_app(
-    scheduler: Scheduler, scheduler_name: str, *, extender: bool = True
-) -> web.Application:
-    """The application; ``extender=False`` gives the webhook-only app (the TLS port)."""
-    app = web.Application(client_max_size=MAX_BODY)
+def synced_only(scheduler: Scheduler) -> Readiness:
+    """Readiness from the first sync only (the role adds the watches' health)."""
+
+    def ready() -> str | None:
+        return None if scheduler.ready else "node and pod state not synced yet"
+
+    return ready
+
+
+def add_extender_routes(
+    app: web.Application, scheduler: Scheduler, ready: Readiness | None = None
+) -> None:
+    not_ready = ready or synced_only(scheduler)
 
     async def filter_(request: web.Request) -> web.Response:
-        if not scheduler.ready:
-            return _json(
-                {
-                    "NodeNames": [],
-                    "FailedNodes": {},
-                    "Error": "hami scheduler is starting: node and pod state not synced yet",
-                }
-            )
-        body, error = await _json_body(request)
+        reason = not_ready()
+        if reason is not None:
+            # kube-scheduler retries the pod later; deciding on a stale picture could
+            # over-commit a device.
+            refusal = f"hami scheduler is not ready: {reason}"
+            return _json({"NodeNames": [], "FailedNodes": {}, "Error": refusal})
+        body, error = await _json_body(request, MAX_BODY)
         if error is not None:
             return _json({"NodeNames": [], "FailedNodes": {}, "Error": error})
         return _json(await scheduler.filter(body))
 
     async def bind(request: web.Request) -> web.Response:
-        body, error = await _json_body(request)
+        body, error = await _json_body(request, MAX_BIND_BODY)
         if error is not None:
             return _json({"Error": error})
         return _json(await scheduler.bind(body))
-
-    async def healthz(request: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    async def readyz(request: web.Request) -> web.Response:
-        if scheduler.ready:
-            return web.Response(text="ok")
-        return web.Response(text="node and pod state not synced yet", status=503)
-
-    async def metrics(request: web.Request) -> web.Response:
-        response = web.Response(body=scheduler.metrics.render())
-        response.headers["Content-Type"] = CONTENT_TYPE
-        return response
 
     async def explain(request: web.Request) -> web.Response:
         name = request.query.get("name", "")
@@ -91,18 +138,126 @@ def build_app(
         except Exception as exc:
             return _json({"pod": f"{namespace}/{name}", "error": str(exc), "nodes": {}}, 404)
 
+    app.router.add_post("/filter", filter_)
+    app.router.add_post("/bind", bind)
+    app.router.add_get("/explain", explain)
+
+
+def add_probe_routes(
+    app: web.Application, scheduler: Scheduler, ready: Readiness | None = None
+) -> None:
+    not_ready = ready or synced_only(scheduler)
+
+    async def readyz(request: web.Request) -> web.Response:
+        reason = not_ready()
+        if reason is None:
+            return web.Response(text="ok")
+        return web.Response(text=reason, status=503)
+
+    async def metrics(request: web.Request) -> web.Response:
+        response = web.Response(body=scheduler.metrics.render())
+        response.headers["Content-Type"] = CONTENT_TYPE
+        return response
+
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+
+
+def _webhook(scheduler: Scheduler, scheduler_name: str) -> Handler:
     async def webhook(request: web.Request) -> web.Response:
-        body, error = await _json_body(request)
+        body, error = await _json_body(request, MAX_WEBHOOK_BODY)
         if error is not None:
             return _json({"error": error}, status=400)
         return _json(review(body, scheduler.kinds, scheduler_name))
 
-    app.router.add_post("/webhook", webhook)
-    app.router.add_get("/healthz", healthz)
-    if extender:
-        app.router.add_post("/filter", filter_)
-        app.router.add_post("/bind", bind)
-        app.router.add_get("/readyz", readyz)
-        app.router.add_get("/metrics", metrics)
-        app.router.add_get("/explain", explain)
+    return webhook
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+def _app() -> web.Application:
+    # The handlers read bodies themselves, each with its own cap.
+    return web.Application(client_max_size=MAX_WEBHOOK_BODY)
+
+
+def extender_app(scheduler: Scheduler, ready: Readiness | None = None) -> web.Application:
+    app = _app()
+    add_extender_routes(app, scheduler, ready)
     return app
+
+
+def probe_app(scheduler: Scheduler, ready: Readiness | None = None) -> web.Application:
+    app = _app()
+    add_probe_routes(app, scheduler, ready)
+    return app
+
+
+def webhook_app(scheduler: Scheduler, scheduler_name: str) -> web.Application:
+    app = _app()
+    app.router.add_post("/webhook", _webhook(scheduler, scheduler_name))
+    app.router.add_get("/healthz", _healthz)
+    return app
+
+
+def build_app(
+    scheduler: Scheduler, scheduler_name: str, *, extender: bool = True
+) -> web.Application:
+    """Every route in one application (tests); ``extender=False`` gives the webhook app."""
+    if not extender:
+        return webhook_app(scheduler, scheduler_name)
+    app = _app()
+    add_extender_routes(app, scheduler)
+    add_probe_routes(app, scheduler)
+    app.router.add_post("/webhook", _webhook(scheduler, scheduler_name))
+    return app
+
+
+class ExtenderTLSError(ValueError):
+    """The extender's TLS files cannot be loaded; the message names them and the keys."""
+
+
+class ClientCertTLS:
+    """A server context that requires a client certificate signed by ``client_ca_file``.
+
+    ``maybe_reload()`` (called periodically by the role) loads the files again when any of
+    them changed; new connections use them. A broken set is logged and the old one kept."""
+
+    def __init__(self, cert_file: str, key_file: str, client_ca_file: str) -> None:
+        self.files = (cert_file, key_file, client_ca_file)
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self.context.verify_mode = ssl.CERT_REQUIRED
+        try:
+            self._stamp = self._read_stamp()
+            self._load()
+        except (OSError, ssl.SSLError) as exc:
+            raise ExtenderTLSError(
+                f"extender TLS: cannot load certificate {cert_file}, key {key_file} or client "
+                f"CA {client_ca_file}: {exc}; fix scheduler.extender.tls (or clear it to serve "
+                "plain HTTP on loopback)"
+            ) from exc
+
+    def _read_stamp(self) -> tuple[tuple[float, int], ...]:
+        stats = [os.stat(path) for path in self.files]
+        return tuple((st.st_mtime, st.st_size) for st in stats)
+
+    def _load(self) -> None:
+        cert_file, key_file, client_ca_file = self.files
+        self.context.load_cert_chain(cert_file, key_file)
+        self.context.load_verify_locations(cafile=client_ca_file)
+
+    def maybe_reload(self) -> bool:
+        try:
+            stamp = self._read_stamp()
+            if stamp == self._stamp:
+                return False
+            self._load()
+        except (OSError, ssl.SSLError) as exc:
+            _log.error("extender TLS reload failed, keeping the old files", error=str(exc))
+            return False
+        self._stamp = stamp
+        _log.info("extender TLS files reloaded", cert=self.files[0])
+        return True

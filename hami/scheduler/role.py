@@ -3,20 +3,25 @@
 In-process use (tests, demos)::
 
     async with SchedulerRole(cfg, api) as role:     # api: a kubernetes_asyncio ApiClient
-        role.url            # http://127.0.0.1:PORT  (extender, probes, metrics, explain)
+        role.url            # http(s)://127.0.0.1:PORT  (extender: /filter, /bind, /explain)
+        role.probe_url      # http://127.0.0.1:PORT  (/healthz, /readyz, /metrics)
         role.webhook_url    # https://127.0.0.1:PORT/webhook, or None when disabled
         role.scheduler      # hami.scheduler.service.Scheduler (state, filter, bind)
         await role.wait_ready()
 
-Port 0 in the config picks a free port.
+Port 0 in the config picks a free port. The long-lived tasks (the Node and Pod reflectors,
+the handshake loop, TLS reloads) run under one ``asyncio.TaskGroup``: when one dies for an
+unexpected reason the others are cancelled, ``serve()`` raises ``RoleFailed`` and ``main``
+exits 1, so the Deployment restarts the process instead of it serving a frozen picture.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -28,12 +33,21 @@ from hami.backends.base import BackendError
 from hami.core.requests import DeviceKind
 from hami.kube.client import KubeConfigError, open_client
 from hami.kube.reflector import Reflector
-from hami.scheduler.http import build_app
+from hami.scheduler.http import (
+    ClientCertTLS,
+    ExtenderTLSError,
+    extender_app,
+    probe_app,
+    server_options,
+    webhook_app,
+)
 from hami.scheduler.service import Clock, Scheduler
-from hami.scheduler.webhook import ReloadingTLS
+from hami.scheduler.webhook import ReloadingTLS, WebhookTLSError
 
 _log = log.get(__name__)
 TLS_CHECK_SECONDS = 10.0
+# A watch may be down this long (a reconnect) before /readyz turns 503 and /filter refuses.
+STALE_GRACE = 5.0
 
 
 def device_kinds(cfg: config.Config) -> list[DeviceKind]:
@@ -53,6 +67,13 @@ def device_kinds(cfg: config.Config) -> list[DeviceKind]:
     return list(kinds.values())
 
 
+class RoleFailed(Exception):
+    """A long-lived task of the scheduler role ended; the process must restart."""
+
+
+Work = Callable[[], Coroutine[Any, Any, None]]
+
+
 class SchedulerRole:
     def __init__(
         self,
@@ -63,6 +84,7 @@ class SchedulerRole:
         clock: Clock | None = None,
         handshake_loop: bool = True,
         emit_events: bool = True,
+        stale_grace: float = STALE_GRACE,
     ) -> None:
         self.cfg = cfg
         self.api = api
@@ -74,10 +96,14 @@ class SchedulerRole:
             emit_events=emit_events,
         )
         self.handshake_loop = handshake_loop
+        self.stale_grace = stale_grace
         self.url = ""
+        self.probe_url = ""
         self.webhook_url: str | None = None
         self.tls: ReloadingTLS | None = None
-        self._tasks: list[asyncio.Task[Any]] = []
+        self.extender_tls: ClientCertTLS | None = None
+        self.reflectors: list[Reflector] = []
+        self._group: asyncio.Task[None] | None = None
         self._runners: list[web.AppRunner] = []
 
     async def __aenter__(self) -> SchedulerRole:
@@ -101,70 +127,119 @@ class SchedulerRole:
         settings = self.cfg.scheduler
         nodes = Reflector(self.api, "/api/v1/nodes", sched.on_node, name="nodes")
         pods = Reflector(self.api, "/api/v1/pods", sched.on_pod, name="pods")
-        self._spawn(nodes.run(), "reflector-nodes")
-        self._spawn(pods.run(), "reflector-pods")
-        self._spawn(self._mark_synced(nodes, sched.nodes_synced), "synced-nodes")
-        self._spawn(self._mark_synced(pods, sched.pods_synced), "synced-pods")
+        self.reflectors = [nodes, pods]
+        work: list[tuple[str, Work]] = [
+            ("reflector-nodes", nodes.run),
+            ("reflector-pods", pods.run),
+            ("synced-nodes", lambda: _mark_synced(nodes, sched.nodes_synced)),
+            ("synced-pods", lambda: _mark_synced(pods, sched.pods_synced)),
+        ]
         if self.handshake_loop:
-            self._spawn(sched.handshake_loop(), "handshake")
-        host, port = await self._serve(
-            build_app(sched, settings.scheduler_name), settings.http.address, settings.http.port
+            work.append(("handshake", sched.handshake_loop))
+        await self._serve_all(work)
+        self._group = asyncio.get_running_loop().create_task(
+            self._run_group(work), name="scheduler-role"
         )
-        self.url = f"http://{_display(host)}:{port}"
-        hook = settings.webhook
-        if hook.enabled:
-            self.tls = ReloadingTLS(hook.cert_file, hook.key_file)
-            host, port = await self._serve(
-                build_app(sched, settings.scheduler_name, extender=False),
-                hook.address,
-                hook.port,
-                ssl_context=self.tls.context,
-            )
-            self.webhook_url = f"https://{_display(host)}:{port}/webhook"
-            self._spawn(self._watch_tls(self.tls), "webhook-tls")
         _log.info(
             "scheduler role started",
             url=self.url,
+            probes=self.probe_url,
             webhook=self.webhook_url,
             types=[k.type_word for k in sched.kinds],
             node_policy=settings.node_policy,
             device_policy=settings.device_policy,
         )
 
+    async def _serve_all(self, work: list[tuple[str, Work]]) -> None:
+        sched = self.scheduler
+        settings = self.cfg.scheduler
+        host, port = await self._serve(
+            probe_app(sched, self.not_ready), settings.http.address, settings.http.port
+        )
+        self.probe_url = f"http://{_display(host)}:{port}"
+        ext = settings.extender
+        scheme, ssl_context = "http", None
+        if ext.tls.enabled:
+            self.extender_tls = ClientCertTLS(
+                ext.tls.cert_file, ext.tls.key_file, ext.tls.client_ca_file
+            )
+            scheme, ssl_context = "https", self.extender_tls.context
+            work.append(("extender-tls", lambda: _watch_tls(self.extender_tls)))
+        elif not _is_loopback(ext.address):
+            _log.warning(
+                "the extender (/filter, /bind) is served without authentication on a "
+                "non-loopback address: anyone who reaches it can bind pods; set "
+                "scheduler.extender.tls or keep scheduler.extender.address 127.0.0.1",
+                address=ext.address,
+            )
+        host, port = await self._serve(
+            extender_app(sched, self.not_ready), ext.address, ext.port, ssl_context
+        )
+        self.url = f"{scheme}://{_display(host)}:{port}"
+        hook = settings.webhook
+        if hook.enabled:
+            self.tls = ReloadingTLS(hook.cert_file, hook.key_file)
+            host, port = await self._serve(
+                webhook_app(sched, settings.scheduler_name),
+                hook.address,
+                hook.port,
+                ssl_context=self.tls.context,
+            )
+            self.webhook_url = f"https://{_display(host)}:{port}/webhook"
+            work.append(("webhook-tls", lambda: _watch_tls(self.tls)))
+
+    def not_ready(self) -> str | None:
+        """Why the role must not be trusted now (``/readyz`` 503, ``/filter`` refuses)."""
+        if not self.scheduler.ready:
+            return "node and pod state not synced yet"
+        for reflector in self.reflectors:
+            down = reflector.down_for()
+            if down > self.stale_grace:
+                return (
+                    f"the {reflector.name} watch has been broken for {down:.0f}s and is "
+                    "reconnecting (see the 'list/watch failed' logs): the picture may be stale"
+                )
+        if self._group is not None and self._group.done():
+            return "a scheduler task ended; the process must restart"
+        return None
+
     async def wait_ready(self, seconds: float = 30.0) -> None:
         async with asyncio.timeout(seconds):
             await self.scheduler.nodes_synced.wait()
             await self.scheduler.pods_synced.wait()
 
+    async def serve(self, stop: asyncio.Event) -> None:
+        """Serve until ``stop`` is set. Raises RoleFailed when a long-lived task ends first."""
+        group = self._group
+        assert group is not None, "start() first"
+        stopper = asyncio.get_running_loop().create_task(stop.wait(), name="stop")
+        try:
+            await asyncio.wait({group, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+        if group.done():
+            raise RoleFailed(_failure(group))
+
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
+        group, self._group = self._group, None
+        if group is not None:
+            group.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._tasks.clear()
+                await group
         await self.scheduler.drain()
         for runner in self._runners:
             await runner.cleanup()
         self._runners.clear()
 
-    def _spawn(self, coro: Any, name: str) -> None:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        task.add_done_callback(self._task_done)
-        self._tasks.append(task)
-
-    @staticmethod
-    def _task_done(task: asyncio.Task[Any]) -> None:
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is not None:
-            _log.error("scheduler task failed", task=task.get_name(), error=repr(exc))
+    async def _run_group(self, work: Sequence[tuple[str, Work]]) -> None:
+        async with asyncio.TaskGroup() as tg:
+            for name, factory in work:
+                tg.create_task(_logged(name, factory), name=name)
 
     async def _serve(
         self, app: web.Application, address: str, port: int, ssl_context: Any = None
     ) -> tuple[str, int]:
-        runner = web.AppRunner(app, access_log=None)
+        runner = web.AppRunner(app, **server_options())
         await runner.setup()
         self._runners.append(runner)
         site = web.TCPSite(runner, address, port, ssl_context=ssl_context)
@@ -172,16 +247,49 @@ class SchedulerRole:
         bound = runner.addresses[0]
         return str(bound[0]), int(bound[1])
 
-    @staticmethod
-    async def _mark_synced(reflector: Reflector, event: asyncio.Event) -> None:
-        await reflector.synced.wait()
-        event.set()
 
-    @staticmethod
-    async def _watch_tls(tls: ReloadingTLS) -> None:
-        while True:
-            await asyncio.sleep(TLS_CHECK_SECONDS)
-            tls.maybe_reload()
+async def _logged(name: str, work: Work) -> None:
+    try:
+        await work()
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        _log.error("scheduler task failed", task=name, error=repr(exc), exc_info=True)
+        raise
+    else:
+        # These tasks run for the life of the role; one that returns is a bug too.
+        if not name.startswith("synced-"):
+            _log.error("scheduler task ended", task=name)
+            raise RoleFailed(f"scheduler task {name} ended")
+
+
+def _failure(group: asyncio.Task[None]) -> str:
+    if group.cancelled():
+        return "the scheduler role was cancelled"
+    exc = group.exception()
+    if exc is None:
+        return "the scheduler role's tasks ended"
+    errors = exc.exceptions if isinstance(exc, BaseExceptionGroup) else (exc,)
+    return "scheduler task failed: " + "; ".join(repr(e) for e in errors)
+
+
+async def _mark_synced(reflector: Reflector, event: asyncio.Event) -> None:
+    await reflector.synced.wait()
+    event.set()
+
+
+async def _watch_tls(tls: ReloadingTLS | ClientCertTLS | None) -> None:
+    assert tls is not None
+    while True:
+        await asyncio.sleep(TLS_CHECK_SECONDS)
+        tls.maybe_reload()
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
 
 
 def _display(host: str) -> str:
@@ -208,10 +316,16 @@ async def main(cfg: config.Config) -> int:
     try:
         async with (
             open_client(cfg.kubeconfig or None) as api,
-            SchedulerRole(cfg, api, kinds=kinds),
+            SchedulerRole(cfg, api, kinds=kinds) as role,
         ):
-            await stop.wait()
+            await role.serve(stop)
             _log.info("stopping")
+    except RoleFailed as exc:
+        _log.error("scheduler role failed; exiting so that it is restarted", error=str(exc))
+        return 1
+    except (ExtenderTLSError, WebhookTLSError) as exc:
+        _log.error("cannot start the scheduler", error=str(exc))
+        return 2
     except KubeConfigError as exc:
         _log.error("cannot reach the API server", error=str(exc))
         return 2

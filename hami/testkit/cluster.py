@@ -301,7 +301,8 @@ class LocalCluster:
         t = self.timing
         scheduler: dict[str, Any] = {
             "scheduler_name": SCHEDULER_NAME,
-            "http": {"address": "127.0.0.1", "port": self.port},
+            "http": {"address": "127.0.0.1", "port": 0},  # probes and metrics
+            "extender": {"address": "127.0.0.1", "port": self.port},  # kept across restarts
             "handshake_period": f"{t.handshake_period}s",
             "handshake_timeout": f"{t.handshake_timeout}s",
             "bind_lock_wait": f"{t.bind_lock_wait}s",
