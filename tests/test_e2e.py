@@ -22,13 +22,13 @@ takes the least used device, binpack the most used; ties by name, then index.
 
 from __future__ import annotations
 
-import collections
 import sys
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import pytest
 import pytest_asyncio
+from _cluster_checks import assert_not_overcommitted, container_names, holds
 
 from hami import log
 from hami.protocol import ContainerDevice, keys
@@ -87,13 +87,6 @@ def uuid_of(cluster: LocalCluster, node: str, index: int) -> str:
     return cluster.nodes[node].uuids[index]
 
 
-def container_names(pod: Mapping[str, Any]) -> list[tuple[str, bool]]:
-    spec = pod["spec"]
-    return [(c["name"], True) for c in spec.get("initContainers") or []] + [
-        (c["name"], False) for c in spec["containers"]
-    ]
-
-
 async def check_started(
     cluster: LocalCluster, pod: Mapping[str, Any]
 ) -> dict[str, list[ContainerDevice]]:
@@ -135,38 +128,6 @@ async def check_started(
 async def run_pod(cluster: LocalCluster, pod: dict[str, Any]) -> dict[str, Any]:
     await cluster.create_pod(pod)
     return await cluster.wait_pod(pod["metadata"]["name"], timeout=30)
-
-
-def holds(pods: Mapping[str, Mapping[str, Any]]) -> dict[str, list[int]]:
-    """uuid -> [slots, memory, cores] summed over the pods' allocated annotations (a pod's
-    hold per device: the larger of its init peak and its app containers' sum)."""
-    total: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0])
-    for pod in pods.values():
-        init = {c["name"] for c in pod["spec"].get("initContainers") or []}
-        names = [n for n, _ in container_names(pod)]
-        app: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0])
-        peak: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0])
-        for cname, devices in zip(names, pod_devices(pod), strict=True):
-            for d in devices:
-                if cname in init:
-                    p = peak[d.uuid]
-                    p[:] = [max(p[0], 1), max(p[1], d.memory), max(p[2], d.cores)]
-                else:
-                    a = app[d.uuid]
-                    a[:] = [a[0] + 1, a[1] + d.memory, a[2] + d.cores]
-        for uuid in set(app) | set(peak):
-            hold = [max(x, y) for x, y in zip(app[uuid], peak[uuid], strict=True)]
-            total[uuid] = [t + h for t, h in zip(total[uuid], hold, strict=True)]
-    return dict(total)
-
-
-def assert_not_overcommitted(cluster: LocalCluster, pods: Mapping[str, Mapping[str, Any]]) -> None:
-    registered = {u: d for devices in cluster.registered().values() for u, d in devices.items()}
-    for uuid, (slots, memory, cores) in holds(pods).items():
-        count, total_memory, total_cores = registered[uuid]
-        assert slots <= count, (uuid, slots, count)
-        assert memory <= total_memory, (uuid, memory, total_memory)
-        assert cores <= total_cores, (uuid, cores, total_cores)
 
 
 def assert_accounting_matches(cluster: LocalCluster, pods: Mapping[str, Mapping[str, Any]]) -> None:

@@ -580,6 +580,27 @@ class ControlPlane:
         self.apiserver.start()
         _wait_ready(self.apiserver, f"{self.server}/readyz", self.ssl_context(), timeout)
 
+    def kill_apiserver(self) -> None:
+        """SIGKILL kube-apiserver (a crash, not a graceful stop): every client's connection
+        drops at once and every request fails until ``restart_apiserver``."""
+        proc = self.apiserver
+        if proc is None or not proc.running() or proc.pid is None:
+            raise ControlPlaneError("kube-apiserver is not running")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.stop(timeout=5)  # reaps it
+
+    def restart_apiserver(self, timeout: float = 90.0) -> float:
+        """Start kube-apiserver again on the same port with the same certificates and data;
+        returns the seconds it took to answer /readyz."""
+        proc = self.apiserver
+        if proc is None:
+            raise ControlPlaneError("kube-apiserver was never started")
+        began = time.monotonic()
+        proc.start()
+        _wait_ready(proc, f"{self.server}/readyz", self.ssl_context(), timeout)
+        return time.monotonic() - began
+
     def compact_etcd(self) -> int:
         """Compact etcd's history up to its current revision (what kube-apiserver does every
         5 minutes); returns that revision. A later watch from an older resourceVersion then
