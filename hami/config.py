@@ -91,6 +91,7 @@ class SchedulerConfig:
     node_lock_timeout: Duration = Duration(300)
     bind_lock_wait: Duration = Duration(20)  # below kube-scheduler's extender timeout
     allocation_timeout: Duration = Duration(60)  # a bound pod not allocated by then is failed
+    decision_timeout: Duration = Duration(90)  # an unbound decision stops counting after it
     node_policy: str = "binpack"  # binpack or spread
     device_policy: str = "spread"  # spread or binpack
     http: HttpConfig = HttpConfig(port=9395)  # /healthz, /readyz, /metrics
@@ -236,6 +237,12 @@ def _check(config: Config) -> None:
     ):
         if duration.seconds <= 0:
             raise ConfigError(f"config key {key}: expected a positive duration")
+    if config.scheduler.decision_timeout.seconds <= config.scheduler.bind_lock_wait.seconds:
+        raise ConfigError(
+            "config key scheduler.decision_timeout: must be longer than "
+            "scheduler.bind_lock_wait (a pod being bound would lose its devices); "
+            "keep it well above bind_lock_wait plus kube-scheduler's extender httpTimeout"
+        )
     tls = config.scheduler.extender.tls
     if tls.enabled and not (tls.cert_file and tls.key_file and tls.client_ca_file):
         raise ConfigError(

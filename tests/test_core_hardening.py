@@ -269,3 +269,150 @@ def test_a_garbage_node_status_is_not_an_error(status: Any) -> None:
     c.upsert_node(obj, NOW)
     c.refresh(NOW)
     assert c.nodes["a"].types["nvidia"].available
+
+
+# ------------------------------------------------------------------ item 5: lapsed decisions
+
+DEADLINE = timedelta(seconds=90)
+
+
+def decided(
+    name: str,
+    *,
+    stamp: datetime | str | None = NOW,
+    bound: bool = False,
+    bind_phase: str | None = None,
+    memory: int = 8000,
+    uuid: str = "GPU-a0",
+) -> dict[str, Any]:
+    """A pod with the scheduler's decision on node a; unbound unless ``bound``."""
+    annotations = {
+        "hami.io/vgpu-node": "a",
+        "hami.io/vgpu-devices-allocated": f"{uuid},NVIDIA,{memory},0:;",
+        "hami.io/vgpu-devices-to-allocate": f"{uuid},NVIDIA,{memory},0:;",
+    }
+    if isinstance(stamp, datetime):
+        annotations["hami.io/vgpu-time"] = str(int(stamp.timestamp()))
+    elif stamp is not None:
+        annotations["hami.io/vgpu-time"] = stamp
+    if bind_phase is not None:
+        annotations["hami.io/bind-phase"] = bind_phase
+    return pod(
+        gpu(),
+        name=name,
+        uid=f"uid-{name}",
+        node_name="a" if bound else None,
+        phase="Running" if bound else "Pending",
+        annotations=annotations,
+    )
+
+
+def one_gpu() -> Cluster:
+    c = cluster(decision_timeout=DEADLINE)
+    c.upsert_node(node("a", register(["GPU-a0"], memory=10000)), NOW)
+    return c
+
+
+def test_an_unbound_decision_stops_counting_after_its_deadline() -> None:
+    c = one_gpu()
+    c.upsert_pod(decided("stuck", bind_phase="allocating"))
+    assert c.usage_snapshot() == {"a": {"GPU-a0": (1, 8000, 0)}}
+    c.refresh(NOW + DEADLINE)
+    assert c.usage_snapshot() == {"a": {"GPU-a0": (1, 8000, 0)}}  # at the deadline: still
+    c.refresh(NOW + DEADLINE + timedelta(seconds=1))
+    assert c.usage_snapshot() == {}
+    assert "default/stuck" in c.lapsed and "default/stuck" not in c.pods
+    assert c.decide(request(mem=9000)).node == "a"
+
+
+def test_a_re_listed_stale_decision_never_counts() -> None:
+    """After a scheduler restart the re-list brings decisions whose binds failed long ago."""
+    c = one_gpu()
+    later = NOW + timedelta(minutes=10)
+    c.upsert_node(node("a", register(["GPU-a0"], memory=10000)), later)
+    c.upsert_pod(decided("old"))
+    assert c.usage_snapshot() == {}
+    # ... and with the time passed in, whatever the last node event said
+    c2 = one_gpu()
+    c2.upsert_pod(decided("old"), later)
+    assert c2.usage_snapshot() == {}
+
+
+def test_a_bound_pod_counts_whatever_its_age() -> None:
+    c = one_gpu()
+    c.upsert_pod(decided("running", bound=True, bind_phase="success"))
+    c.refresh(NOW + timedelta(days=30))
+    assert c.usage_snapshot() == {"a": {"GPU-a0": (1, 8000, 0)}}
+
+
+def test_a_lapsed_decision_stays_lapsed_on_later_events_and_counts_once_bound() -> None:
+    c = one_gpu()
+    c.upsert_pod(decided("late", stamp="garbage"))
+    c.refresh(NOW + DEADLINE + timedelta(seconds=1))
+    assert c.usage_snapshot() == {}
+    # a status update of the same pending pod: same decision, still lapsed
+    c.upsert_pod(decided("late", stamp="garbage"), NOW + timedelta(minutes=3))
+    assert c.usage_snapshot() == {}
+    # the Binding went through after all: a bound pod always counts
+    c.upsert_pod(decided("late", stamp="garbage", bound=True), NOW + timedelta(minutes=3))
+    assert c.usage_snapshot() == {"a": {"GPU-a0": (1, 8000, 0)}}
+    assert "default/late" not in c.lapsed
+
+
+@pytest.mark.parametrize("stamp", [None, "", "soon", "-5", "99999999999999", FAR])
+def test_an_unreadable_or_absurd_stamp_runs_from_when_the_decision_was_seen(
+    stamp: str | None,
+) -> None:
+    c = one_gpu()
+    c.upsert_pod(decided("odd", stamp=stamp))
+    c.refresh(NOW + DEADLINE)
+    assert c.usage_snapshot() == {"a": {"GPU-a0": (1, 8000, 0)}}
+    c.refresh(NOW + DEADLINE + timedelta(seconds=1))
+    assert c.usage_snapshot() == {}
+
+
+def test_a_stamp_far_in_the_future_does_not_hold_a_device_for_years() -> None:
+    c = one_gpu()
+    c.upsert_pod(decided("future", stamp=NOW + timedelta(days=365)))
+    c.refresh(NOW + DEADLINE + timedelta(seconds=1))
+    assert c.usage_snapshot() == {}
+
+
+def test_a_filter_reservation_is_not_dropped_while_its_bind_may_still_run() -> None:
+    c = one_gpu()
+    request_ = request(mem=8000)
+    decision = c.decide(request_)
+    assert decision.node == "a" and decision.fit is not None
+    c.reserve("default/new", "uid-new", "a", decision.fit)
+    # the handshake pass right after: the reservation's clock starts here at the latest
+    c.refresh(NOW + timedelta(seconds=14))
+    c.refresh(NOW + timedelta(seconds=14) + DEADLINE)
+    assert c.usage_snapshot() == {"a": {"GPU-a0": (1, 8000, 0)}}
+    # a stale event of the same pod from before the filter wrote its decision (an old,
+    # long-lapsed one) does not undo the fresh hold
+    c.upsert_pod(decided("new", stamp=NOW - timedelta(hours=1)))
+    assert c.usage_snapshot() == {"a": {"GPU-a0": (1, 8000, 0)}}
+    # the event with the filter's own decision confirms it
+    c.upsert_pod(decided("new", stamp=NOW + timedelta(seconds=15) + DEADLINE))
+    assert c.usage_snapshot() == {"a": {"GPU-a0": (1, 8000, 0)}}
+    assert not c.pods["default/new"].reserved
+
+
+def test_a_failed_bind_is_not_usage() -> None:
+    c = one_gpu()
+    c.upsert_pod(decided("failed", bind_phase="failed"))
+    assert c.usage_snapshot() == {}
+    c.upsert_pod(decided("failed-but-bound", bind_phase="failed", bound=True))
+    assert c.usage_snapshot() == {"a": {"GPU-a0": (1, 8000, 0)}}
+
+
+def test_the_five_over_committed_devices_case() -> None:
+    """Binds failed while the API server was down; a re-list must not over-commit."""
+    c = one_gpu()
+    c.upsert_pod(decided("ok", bound=True, bind_phase="success", memory=6000))
+    for i in range(3):
+        c.upsert_pod(decided(f"lost-{i}", stamp=NOW - timedelta(minutes=5), memory=4000))
+    c.refresh(NOW)
+    assert c.usage_snapshot() == {"a": {"GPU-a0": (1, 6000, 0)}}
+    device = c.nodes["a"].devices["GPU-a0"]
+    assert device.used_memory <= device.total_memory

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -25,9 +25,17 @@ from hami.core.requests import DeviceKind, DeviceRequest, PodRequest, parse_quan
 from hami.core.usage import DeviceState, Use, pod_usage
 from hami.kube.objects import annotations_of, metadata_of, pod_key
 from hami.protocol import ProtocolError, decode_node_devices, decode_pod_devices, handshake, keys
+from hami.protocol.stamps import parse_unix_seconds
 
 FINISHED_PHASES = ("Succeeded", "Failed")
 DEFAULT_WINDOW = 4
+# An unbound decision counts this long after its vgpu-time: well above what a bind can take
+# (bind_lock_wait 20 s, kube-scheduler's extender timeout 30 s), so a pod being bound right
+# now never loses its hold, yet a bind that failed with the API server down frees the devices.
+DEFAULT_DECISION_TIMEOUT = timedelta(seconds=90)
+# A vgpu-time this far ahead of our clock is not one we wrote: the deadline runs from when
+# the decision was first seen instead (protocol.md §2 "Far-off timestamps").
+FUTURE_SLACK = timedelta(minutes=5)
 
 
 @dataclass(slots=True, eq=False)
@@ -88,6 +96,11 @@ class PodRecord:
     node: str
     usage: Mapping[str, Use]  # uuid -> hold
     bound: bool = False
+    # Bookkeeping of an unbound decision's deadline, not part of what the pod holds (so
+    # excluded from ==, which callers use to ask "is this still the hold I saw?").
+    stamp: str | None = field(default=None, compare=False)  # hami.io/vgpu-time as written
+    since: datetime | None = field(default=None, compare=False)  # deadline start, None: next pass
+    reserved: bool = field(default=False, compare=False)  # made by reserve(), no event yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,14 +145,19 @@ class Cluster:
         handshake_timeout: timedelta = timedelta(seconds=60),
         node_policy: str = BINPACK,
         device_policy: str = "spread",
+        decision_timeout: timedelta = DEFAULT_DECISION_TIMEOUT,
     ) -> None:
         self.kinds = {kind.type_word: kind for kind in kinds}
         self.handshake_timeout = handshake_timeout
+        self.decision_timeout = decision_timeout
         self.node_policy = node_policy
         self.device_policy = device_policy
         self.nodes: dict[str, NodeState] = {}
         self.pods: dict[str, PodRecord] = {}
         self.pinned: set[str] = set()  # pods whose reservation a watch event must not undo
+        # Unbound decisions past their deadline: known, not counted (see expire_decisions).
+        self.lapsed: dict[str, PodRecord] = {}
+        self._clock: datetime | None = None  # the latest time passed in
         self._asc: list[tuple[float, str]] = []  # (utilisation, name): spread order
         self._desc: list[tuple[float, str]] = []  # (-utilisation, name): binpack order
 
@@ -149,6 +167,9 @@ class Cluster:
         self, obj: Mapping[str, Any], now: datetime
     ) -> tuple[list[str], list[AvailabilityChange]]:
         """Take a Node's annotations. Returns (new register errors, availability changes)."""
+        if self._clock is None:
+            self.expire_decisions(now)  # pods listed before any time was known
+        self._clock = now
         meta = metadata_of(obj)
         name = str(meta.get("name") or "")
         annotations = annotations_of(obj)
@@ -219,7 +240,11 @@ class Cluster:
             del self.nodes[name]
 
     def refresh(self, now: datetime) -> tuple[list[HandshakeWrite], list[AvailabilityChange]]:
-        """The handshake pass: availability of every node and type, and what to write."""
+        """The handshake pass: availability of every node and type, and what to write.
+
+        It also lapses unbound decisions past their deadline (``expire_decisions``).
+        """
+        self.expire_decisions(now)
         writes: list[HandshakeWrite] = []
         changes: list[AvailabilityChange] = []
         for node in self.nodes.values():
@@ -358,22 +383,89 @@ class Cluster:
                 usage.setdefault(uuid, Use()).add(use)
         if not usage:
             return None, errors
-        record = PodRecord(pod_key(obj), str(meta.get("uid") or ""), node, usage, bound)
-        return record, errors
+        uid = str(meta.get("uid") or "")
+        stamp = annotations.get(keys.VGPU_TIME)
+        return PodRecord(pod_key(obj), uid, node, usage, bound, stamp), errors
 
-    def upsert_pod(self, obj: Mapping[str, Any]) -> list[str]:
-        """Take a Pod's state; returns decode errors of its device annotations."""
+    def upsert_pod(self, obj: Mapping[str, Any], now: datetime | None = None) -> list[str]:
+        """Take a Pod's state; returns decode errors of its device annotations.
+
+        ``now`` (default: the latest time passed to any method) judges an unbound
+        decision's deadline at once, so a re-listed decision whose bind failed long ago
+        never counts, not even until the next pass.
+        """
+        if now is not None:
+            self._clock = now
         key = pod_key(obj)
         if key in self.pinned:
             return []
         record, errors = self.pod_record(obj)
-        self._set_record(key, record)
+        if record is None or record.bound:
+            self._set_record(key, record)
+            return errors
+        record = self._with_deadline(key, record)
+        if not self._past_deadline(record):
+            self._set_record(key, record)
+            return errors
+        current = self.pods.get(key)
+        if current is not None and current.reserved:
+            # Older than the hold the filter has just made for this pod (a watch event
+            # from before its decision was written): the fresh hold stands.
+            return errors
+        self._set_record(key, None)
+        self.lapsed[key] = record
         return errors
+
+    def _with_deadline(self, key: str, record: PodRecord) -> PodRecord:
+        """``record`` with the start of its deadline: kept from the same decision seen
+        before, else its vgpu-time, else (unreadable or absurd) the time it is seen."""
+        previous = self.pods.get(key) or self.lapsed.get(key)
+        if (
+            previous is not None
+            and previous.since is not None
+            and not previous.reserved
+            and (previous.stamp, previous.node, previous.usage)
+            == (record.stamp, record.node, record.usage)
+        ):
+            return replace(record, since=previous.since)
+        stamp = parse_unix_seconds(record.stamp)
+        clock = self._clock
+        if stamp is not None and (clock is None or stamp - clock <= FUTURE_SLACK):
+            return replace(record, since=stamp)
+        return replace(record, since=clock)
+
+    def _past_deadline(self, record: PodRecord) -> bool:
+        if record.bound or record.since is None or self._clock is None:
+            return False
+        # Subtract, never add: no stamp can overflow this.
+        return self._clock - record.since > self.decision_timeout
+
+    def expire_decisions(self, now: datetime) -> list[str]:
+        """Stop counting unbound decisions older than ``decision_timeout``; their keys.
+
+        A pod that is bound always counts. A decision whose bind failed, or that was never
+        bound (the API server was down, kube-scheduler gave up), holds nothing after its
+        deadline; if the pod is bound later after all, its next event counts it again.
+        """
+        self._clock = now
+        expired: list[str] = []
+        for key, record in list(self.pods.items()):
+            if record.bound:
+                continue
+            if record.since is None or record.since - now > FUTURE_SLACK:
+                # A reservation, or a decision seen before any time was: it starts now.
+                self.pods[key] = replace(record, since=now)
+            elif self._past_deadline(record):
+                self._set_record(key, None)
+                self.lapsed[key] = record
+                expired.append(key)
+        return expired
 
     def delete_pod(self, key: str) -> None:
         self._set_record(key, None)
 
     def _set_record(self, key: str, record: PodRecord | None) -> None:
+        self.lapsed.pop(key, None)
         old = self.pods.get(key)
         if (
             old is not None
@@ -381,8 +473,7 @@ class Cluster:
             and old.node == record.node
             and old.usage == record.usage
         ):
-            if old != record:
-                self.pods[key] = record
+            self.pods[key] = record  # the same hold; its bookkeeping may differ
             return
         if old is not None:
             del self.pods[key]
@@ -415,7 +506,7 @@ class Cluster:
     def reserve(self, key: str, uid: str, node: str, fit: NodeFit) -> PodRecord | None:
         """Hold ``fit`` for the pod at once; returns the record it replaced."""
         previous = self.pods.get(key)
-        self._set_record(key, PodRecord(key, uid, node, fit.usage))
+        self._set_record(key, PodRecord(key, uid, node, fit.usage, reserved=True))
         return previous
 
     def rollback(self, key: str, previous: PodRecord | None) -> None:
