@@ -10,6 +10,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from hami.node.metrics import NodeMetrics
 
+# Seconds from connect (or the last answer) to a complete request head: slow or idle
+# clients of this 0.0.0.0 port are closed instead of holding connections open.
+HEADER_TIMEOUT = 5.0
+
 
 def make_app(metrics: NodeMetrics, status: Callable[[], Mapping[str, Any]]) -> web.Application:
     async def healthz(request: web.Request) -> web.Response:
@@ -20,7 +24,7 @@ def make_app(metrics: NodeMetrics, status: Callable[[], Mapping[str, Any]]) -> w
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
 
-    app = web.Application()
+    app = web.Application(client_max_size=64 * 1024)  # GET only: no body worth reading
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_view)
     return app
@@ -28,7 +32,7 @@ def make_app(metrics: NodeMetrics, status: Callable[[], Mapping[str, Any]]) -> w
 
 async def start(app: web.Application, address: str, port: int) -> tuple[web.AppRunner, int]:
     """Serve ``app``; returns the runner (to clean up) and the bound port (for port 0)."""
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=HEADER_TIMEOUT)
     await runner.setup()
     try:
         await web.TCPSite(runner, address, port).start()
