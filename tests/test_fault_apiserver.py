@@ -61,7 +61,6 @@ async def _node_locks(cluster: LocalCluster) -> dict[str, str]:
     return locks
 
 
-@pytest.mark.xfail(reason="issue 9 item 4 (stuck node locks) not landed yet", strict=False)
 async def test_apiserver_outage_mid_burst_overcommits_nothing_and_loses_no_pod(
     cluster: LocalCluster, controlplane: ControlPlane
 ) -> None:
