@@ -106,7 +106,10 @@ def test_embedded_configs_are_valid_and_complete() -> None:
     sched = yaml.safe_load(maps["hami-kube-scheduler"]["data"]["kube-scheduler.yaml"])
     assert sched["profiles"][0]["schedulerName"] == hami_cfg.scheduler.scheduler_name
     (extender,) = sched["extenders"]
-    assert extender["urlPrefix"].endswith(f":{hami_cfg.scheduler.http.port}")
+    # kube-scheduler in the same pod reaches the extender on loopback only (issue 9 item 9)
+    listener = hami_cfg.scheduler.extender
+    assert listener.address == "127.0.0.1"
+    assert extender["urlPrefix"] == f"http://127.0.0.1:{listener.port}"
     assert (extender["filterVerb"], extender["bindVerb"]) == ("filter", "bind")
     managed = {r["name"] for r in extender["managedResources"] if r["ignoredByScheduler"]}
     # Every built-in hardware backend's resources are routed to the extender.
@@ -126,6 +129,8 @@ def test_workloads_use_the_ports_and_files_the_config_names() -> None:
         "http": hami_cfg.scheduler.http.port,
         "webhook": hami_cfg.scheduler.webhook.port,
     }
+    service = docs[("Service", "hami-scheduler")]["spec"]
+    assert hami_cfg.scheduler.extender.port not in {p["port"] for p in service["ports"]}
     mounts = {m["mountPath"] for m in hami["volumeMounts"]}
     assert str(Path(hami_cfg.scheduler.webhook.cert_file).parent) in mounts
     node = docs[("DaemonSet", "hami-node")]["spec"]["template"]["spec"]
@@ -133,5 +138,63 @@ def test_workloads_use_the_ports_and_files_the_config_names() -> None:
     env = {e["name"]: e for e in agent["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     node_mounts = {m["mountPath"] for m in agent["volumeMounts"]}
-    assert {hami_cfg.node.device_plugin_dir, "/usr/local/vgpu", "/tmp/vgpulock"} <= node_mounts
+    assert {hami_cfg.node.device_plugin_dir, "/usr/local/vgpu"} <= node_mounts
+    # kubelet creates HAMi-core's lock directory for the init container's mount
+    init = {m["mountPath"] for c in node["initContainers"] for m in c["volumeMounts"]}
+    assert "/tmp/vgpulock" in init
     assert {p["containerPort"] for p in agent["ports"]} == {hami_cfg.node.http.port}
+
+
+def _workloads() -> dict[str, dict[str, Any]]:
+    return {
+        d["metadata"]["name"]: d["spec"]["template"]["spec"]
+        for d in documents()
+        if d["kind"] in ("Deployment", "DaemonSet")
+    }
+
+
+def _containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(pod.get("initContainers") or []) + list(pod["containers"])
+
+
+# The only containers that run as root, and why (docs/node.md): they write root-owned host
+# directories. Everything else runs as a non-root user.
+ROOT = {("hami-node", "install-hami-core"), ("hami-node", "hami")}
+# Host paths the node agent keeps (docs/node.md says why each one).
+NODE_HOST_PATHS = {"/var/lib/kubelet/device-plugins", "/usr/local/vgpu", "/tmp/vgpulock"}
+
+
+def test_every_container_is_locked_down() -> None:
+    for workload, pod in _workloads().items():
+        pod_context = pod.get("securityContext") or {}
+        assert pod_context.get("seccompProfile") == {"type": "RuntimeDefault"}, workload
+        for key in ("hostNetwork", "hostPID", "hostIPC"):
+            assert not pod.get(key), (workload, key)
+        for container in _containers(pod):
+            where = (workload, container["name"])
+            context = container.get("securityContext") or {}
+            assert context.get("privileged") is not True, where
+            assert context.get("allowPrivilegeEscalation") is False, where
+            assert context.get("readOnlyRootFilesystem") is True, where
+            assert context.get("capabilities") == {"drop": ["ALL"]}, where
+            effective = {**pod_context, **context}
+            if where in ROOT:
+                assert effective.get("runAsUser") == 0, where
+            else:
+                assert effective.get("runAsNonRoot") is True, where
+                assert effective.get("runAsUser", 0) != 0, where
+            resources = container.get("resources") or {}
+            assert {"cpu", "memory"} <= set(resources.get("requests") or {}), where
+            assert "memory" in (resources.get("limits") or {}), where
+
+
+def test_node_agent_keeps_only_the_host_paths_it_needs() -> None:
+    pod = _workloads()["hami-node"]
+    host_paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert host_paths == NODE_HOST_PATHS
+    # the agent reads device nodes through the NVIDIA runtime, not through /dev or /sys
+    agent = next(c for c in pod["containers"] if c["name"] == "hami")
+    mounted = {m["mountPath"] for m in agent["volumeMounts"]}
+    assert not {"/dev", "/sys", "/", "/proc"} & mounted
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
