@@ -240,7 +240,56 @@ class Scheduler:
                 await self.handshake_pass()
             except Exception:  # never let one bad pass stop the heartbeat
                 _log.exception("handshake pass failed")
+            try:
+                await self.release_stale_locks()
+            except Exception:
+                _log.exception("node lock sweep failed")
             await sleep(self.settings.handshake_period.seconds)
+
+    # ------------------------------------------------------------------ lock sweep
+
+    async def release_stale_locks(self) -> None:
+        """Remove node locks nobody else will: their pod is gone, finished, went elsewhere or
+        lost its Allocate (``hami.kube.nodelock``). Binds take such locks over anyway; this
+        frees a node no bind is waiting for, so no lock outlives its pod. Only locks held
+        longer than a healthy allocation takes are looked at."""
+        now = self.clock.now()
+        for node, lock in list(self._node_locks.items()):
+            if held_longer_than(lock, now, self.lock_rules, self.lock_busy_after, ""):
+                await self._release_if_stale(node)
+
+    async def _release_if_stale(self, node: str) -> None:
+        try:
+            current = await patch.get_node(self.api, node)
+        except KubeError:
+            return
+        value = annotations_of(current).get(keys.NODE_LOCK)
+        now = self.clock.now()
+        view = judge_value(value, now, self.lock_rules)
+        if not view.needs_pod or view.lock is None:
+            return  # free, or stale by its value alone: the next bind takes it over
+        lock = view.lock
+        try:
+            holder: Json | None = await patch.get_pod(self.api, lock.namespace, lock.pod)
+        except NotFound:
+            holder = None
+        except KubeError:
+            return
+        verdict = judge_holder(lock, holder, node, now, self.lock_rules)
+        if not verdict.stale:
+            return
+        if verdict.fail_holder and not await self._fail_stalled_holder(
+            holder or {}, node, verdict.reason
+        ):
+            return
+        version = str(metadata_of(current).get("resourceVersion") or "") or None
+        try:
+            await patch.patch_node_annotations(
+                self.api, node, {keys.NODE_LOCK: None}, resource_version=version
+            )
+        except KubeError:
+            return  # changed meanwhile (a bind took it): judged again next pass
+        _log.info("stale node lock released", node=node, lock=value, reason=verdict.reason)
 
     # ------------------------------------------------------------------ filter
 
