@@ -188,3 +188,24 @@ async def test_list_all_follows_continue_tokens(server: tuple[Server, Any]) -> N
     assert [i["n"] for i in items] == [1, 2, 3]
     assert version == "10"
     assert all("limit=1" in path for _m, path in state.seen)
+
+
+async def test_time_budget_ends_retries_before_the_count_does() -> None:
+    clock = [0.0]
+
+    async def sleep(seconds: float) -> None:
+        clock[0] += seconds
+
+    tries = [0]
+
+    async def always_503() -> None:
+        tries[0] += 1
+        raise KubeError(503, "Unavailable", "", "/p")
+
+    policy = RetryPolicy(retries=1_000, base=1.0, cap=1.0, budget=10.0)
+    with pytest.raises(KubeError):
+        await with_retry("GET", always_503, policy, sleep, now=lambda: clock[0])
+    # Each wait is at most 1 s, so the budget allows at least 10 tries and never a wait
+    # that would end past it.
+    assert 10 <= tries[0] < 1_000
+    assert clock[0] <= policy.budget

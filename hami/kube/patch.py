@@ -7,7 +7,17 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from hami.kube.raw import JSON, MERGE_PATCH, Conflict, KubeError, NotFound, list_all, request
+from hami.kube.raw import (
+    DEFAULT_RETRY,
+    JSON,
+    MERGE_PATCH,
+    Conflict,
+    KubeError,
+    NotFound,
+    RetryPolicy,
+    list_all,
+    request,
+)
 
 __all__ = [
     "Conflict",
@@ -30,12 +40,14 @@ def pod_path(namespace: str, name: str) -> str:
     return f"/api/v1/namespaces/{namespace}/pods/{name}"
 
 
-async def get_node(api: client.ApiClient, name: str) -> JSON:
-    return await request(api, "GET", node_path(name))
+async def get_node(api: client.ApiClient, name: str, *, retry: RetryPolicy = DEFAULT_RETRY) -> JSON:
+    return await request(api, "GET", node_path(name), retry=retry)
 
 
-async def get_pod(api: client.ApiClient, namespace: str, name: str) -> JSON:
-    return await request(api, "GET", pod_path(namespace, name))
+async def get_pod(
+    api: client.ApiClient, namespace: str, name: str, *, retry: RetryPolicy = DEFAULT_RETRY
+) -> JSON:
+    return await request(api, "GET", pod_path(namespace, name), retry=retry)
 
 
 async def list_pods(
@@ -44,10 +56,11 @@ async def list_pods(
     namespace: str | None = None,
     field_selector: str | None = None,
     label_selector: str | None = None,
+    retry: RetryPolicy = DEFAULT_RETRY,
 ) -> list[JSON]:
     path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
     query = [("fieldSelector", field_selector), ("labelSelector", label_selector)]
-    items, _version = await list_all(api, path, query=query)
+    items, _version = await list_all(api, path, query=query, retry=retry)
     return items
 
 
@@ -66,10 +79,14 @@ async def patch_node_annotations(
     name: str,
     annotations: Mapping[str, str | None],
     resource_version: str | None = None,
+    *,
+    retry: RetryPolicy = DEFAULT_RETRY,
 ) -> JSON:
     """Merge-patch a Node's annotations (None deletes a key); 409 raises Conflict."""
     body = _annotation_patch(annotations, resource_version)
-    return await request(api, "PATCH", node_path(name), body=body, content_type=MERGE_PATCH)
+    return await request(
+        api, "PATCH", node_path(name), body=body, content_type=MERGE_PATCH, retry=retry
+    )
 
 
 async def patch_pod_annotations(
@@ -78,11 +95,13 @@ async def patch_pod_annotations(
     name: str,
     annotations: Mapping[str, str | None],
     resource_version: str | None = None,
+    *,
+    retry: RetryPolicy = DEFAULT_RETRY,
 ) -> JSON:
     """Merge-patch a Pod's annotations (None deletes a key); 409 raises Conflict."""
     body = _annotation_patch(annotations, resource_version)
     return await request(
-        api, "PATCH", pod_path(namespace, name), body=body, content_type=MERGE_PATCH
+        api, "PATCH", pod_path(namespace, name), body=body, content_type=MERGE_PATCH, retry=retry
     )
 
 

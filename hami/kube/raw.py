@@ -79,6 +79,7 @@ class RetryPolicy:
     base: float = 0.1  # seconds before the first retry, before jitter
     cap: float = 2.0  # no single wait above this
     max_retry_after: float = 5.0  # a server's Retry-After is honoured up to this
+    budget: float | None = None  # seconds: no retry starts later than this after the first try
 
     def delay(self, attempt: int, retry_after: float | None = None) -> float:
         """Seconds to wait before retry number ``attempt`` (0 for the first retry)."""
@@ -91,6 +92,9 @@ class RetryPolicy:
 
 DEFAULT_RETRY = RetryPolicy()
 NO_RETRY = RetryPolicy(retries=0)
+# For work that a caller waits on without a deadline of its own and that must not be lost
+# to a short API server outage (kubelet's Allocate has none): retry for up to a minute.
+PATIENT_RETRY = RetryPolicy(retries=1_000, base=0.2, cap=5.0, budget=60.0)
 
 
 def should_retry(method: str, error: KubeError) -> bool:
@@ -117,8 +121,12 @@ async def with_retry(
     attempt: Callable[[], Awaitable[Any]],
     policy: RetryPolicy = DEFAULT_RETRY,
     sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+    now: Callable[[], float] | None = None,
 ) -> Any:
-    """Run ``attempt`` until it succeeds, fails for good, or the policy's tries run out."""
+    """Run ``attempt`` until it succeeds, fails for good, or the policy's tries (or time
+    budget) run out."""
+    clock = now or asyncio.get_running_loop().time
+    began = clock()
     tries = 0
     while True:
         try:
@@ -126,7 +134,10 @@ async def with_retry(
         except KubeError as exc:
             if tries >= policy.retries or not should_retry(method, exc):
                 raise
-            await sleep(policy.delay(tries, exc.retry_after))
+            wait = policy.delay(tries, exc.retry_after)
+            if policy.budget is not None and clock() - began + wait > policy.budget:
+                raise
+            await sleep(wait)
             tries += 1
 
 
