@@ -23,7 +23,11 @@ import aiohttp
 import pytest
 from _manifest_helpers import apply, documents, object_path
 
+from hami.kube import events, patch
+from hami.kube.client import open_client
 from hami.kube.raw import KubeError, request
+from hami.node.allocate import kube_calls
+from hami.protocol import keys
 
 pytestmark = pytest.mark.controlplane
 
@@ -280,3 +284,38 @@ async def test_only_hami_writes_decision_annotations(
             body={"metadata": {"annotations": {"hami.io/vgpu-devices-allocated": None}}},
             content_type=MERGE,
         )
+
+
+@contextlib.asynccontextmanager
+async def client_as(plane: Any, user: str, node: str = "") -> AsyncIterator[Any]:
+    """hami's own ApiClient, impersonating ``user`` (one request header per value)."""
+    async with open_client(str(plane.kubeconfig)) as api:
+        api.set_default_header("Impersonate-User", user)
+        if node:
+            api.set_default_header(f"Impersonate-Extra-{quote(NODE_NAME_CLAIM, safe='')}", node)
+        yield api
+
+
+async def test_the_roles_own_calls_pass(controlplane: Any, scene: dict[str, Any]) -> None:
+    """The requests hami's code really sends, through its own client, as each role."""
+    namespace = scene["namespace"]
+    a, b = scene["names"]
+    async with client_as(controlplane, NODE_SA, a) as api:
+        calls = kube_calls(api)
+        node = await calls.get_node(a)
+        version = node["metadata"]["resourceVersion"]
+        await calls.patch_node(a, {keys.NODE_LOCK: None}, version)
+        assert [p["metadata"]["name"] for p in await calls.list_pods(f"spec.nodeName={a}")] == [
+            "on-a"
+        ]
+        await calls.get_pod(namespace, "pending")  # a lock holder not bound yet
+        await calls.patch_pod(namespace, "on-a", {keys.BIND_PHASE: "success"})
+        with pytest.raises(KubeError) as refused:
+            await calls.patch_pod(namespace, "on-b", {keys.BIND_PHASE: "success"})
+        assert refused.value.status == 403
+    async with client_as(controlplane, SCHEDULER_SA) as api:
+        await patch.patch_node_annotations(api, b, {keys.NODE_LOCK: "lock"}, None)
+        pod = await patch.get_pod(api, namespace, "pending")
+        await patch.patch_pod_annotations(api, namespace, "pending", {keys.VGPU_NODE: b})
+        await patch.bind_pod(api, namespace, "pending", pod["metadata"]["uid"], b)
+        assert await events.emit_pod_event(api, pod, "BindingSucceed", "bound") is True
