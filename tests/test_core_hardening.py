@@ -416,3 +416,43 @@ def test_the_five_over_committed_devices_case() -> None:
     assert c.usage_snapshot() == {"a": {"GPU-a0": (1, 6000, 0)}}
     device = c.nodes["a"].devices["GPU-a0"]
     assert device.used_memory <= device.total_memory
+
+
+# ------------------------------------------------- §2 "Agents that never heartbeat"
+
+
+def silent_node(allocatable: str, shake: str | None) -> dict[str, Any]:
+    """A Go HAMi >= 2.8 device plugin: registers, never writes Reported."""
+    obj = node("a", register(["GPU-a0"]), shake=shake)
+    obj["status"] = {
+        "capacity": {"nvidia.com/gpu": "1"},
+        "allocatable": {"nvidia.com/gpu": allocatable},
+    }
+    return obj
+
+
+def test_an_agent_that_never_heartbeats_stays_while_kubelet_advertises_the_type() -> None:
+    c = cluster()
+    c.upsert_node(silent_node("1", None), NOW)
+    writes, _ = c.refresh(NOW)
+    stamp = writes[0].annotations["hami.io/node-handshake-nvidia"]
+    later = NOW + timedelta(minutes=5)
+    c.upsert_node(silent_node("1", stamp), later)
+    c.refresh(later)
+    assert c.nodes["a"].types["nvidia"].available
+    # kubelet drops the resource (the plugin's socket went away): off at once
+    _errors, changes = c.upsert_node(silent_node("0", stamp), later)
+    assert [(ch.available, "nvidia.com/gpu" in (ch.reason or "")) for ch in changes] == [
+        (False, True)
+    ]
+
+
+def test_an_agent_that_heartbeats_keeps_the_handshake_rule_exactly() -> None:
+    c = cluster()
+    c.upsert_node(silent_node("1", "Reported_2024-05-20 09:59:59"), NOW)
+    c.refresh(NOW)
+    c.upsert_node(silent_node("1", handshake.requesting(NOW)), NOW)
+    later = NOW + timedelta(seconds=61)
+    c.refresh(later)
+    state = c.nodes["a"].types["nvidia"]
+    assert not state.available and state.reason == handshake.HANDSHAKE_TIMED_OUT

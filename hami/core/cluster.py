@@ -48,6 +48,8 @@ class TypeState:
     devices: list[DeviceState] = field(default_factory=list)
     error: str | None = None  # the register value does not parse
     kubelet_reason: str | None = None  # kubelet allocates none of the count resource
+    kubelet_advertises: bool = False  # status.allocatable has the count resource above 0
+    heartbeats: bool = False  # a Reported value was seen since the register value changed
     available: bool = False
     reason: str | None = handshake.NODE_UNREGISTERED  # why unavailable
     view: TypeView = field(default_factory=lambda: TypeView(()))
@@ -191,14 +193,19 @@ class Cluster:
                     continue
                 state = node.types[word] = TypeState(kind)
             state.handshake_value = shake
-            state.kubelet_reason = _kubelet_says_no(kind.resources.count, capacity, allocatable)
+            resource = kind.resources.count
+            state.kubelet_reason = _kubelet_says_no(resource, capacity, allocatable)
+            state.kubelet_advertises = (_count(allocatable.get(resource)) or 0) > 0
             if register != state.register_value:
                 state.register_value = register
+                state.heartbeats = False
                 error = self._load_register(node, state)
                 devices_changed = True
                 if error:
                     # The key goes with the error so the log names node, key and reason.
                     errors.append(f"{keys.node_register(word)}: {error}")
+            if handshake.parse_handshake(shake).state is handshake.HandshakeState.REPORTED:
+                state.heartbeats = True
         changes = self._decide_safely(node, now, write=False)[1]
         if devices_changed or changes:
             self._node_changed(node)
@@ -293,7 +300,9 @@ class Cluster:
                 timeout=self.handshake_timeout,
             )
             available, reason = decision.available, decision.reason
-            if available and state.kubelet_reason is not None:
+            if reason == handshake.HANDSHAKE_TIMED_OUT and _never_heartbeats(state):
+                available, reason = True, None
+            if state.kubelet_reason is not None:
                 # protocol.md §2 "kubelet's word wins when it says no": the device plugin is
                 # gone (or every device unhealthy) well before the handshake times out.
                 available, reason = False, state.kubelet_reason
@@ -609,6 +618,13 @@ class Cluster:
             for name, node in sorted(self.nodes.items())
             if node.usage
         }
+
+
+def _never_heartbeats(state: TypeState) -> bool:
+    """protocol.md §2 "Agents that never heartbeat": Go HAMi >= 2.8's device plugin writes
+    no Reported; while kubelet advertises the type such a node stays after its stamp expires
+    (kubelet's own word then turns it off within seconds of the plugin going away)."""
+    return not state.heartbeats and state.kubelet_advertises
 
 
 def _resources(obj: Mapping[str, Any], field_name: str) -> Mapping[str, Any]:
