@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from hami import log
 from hami.backends.base import (
@@ -39,6 +40,7 @@ from hami.protocol.keys import BindPhase
 from hami.protocol.nodelock import DEFAULT_LOCK_TIMEOUT, parse_unix_time
 
 _log = log.get(__name__)
+_T = TypeVar("_T")
 
 Pod = Mapping[str, Any]
 
@@ -328,12 +330,14 @@ class KubeCalls:
     patch_pod: Callable[[str, str, Mapping[str, str | None]], Awaitable[Any]]
     is_not_found: Callable[[BaseException], bool] = field(default=lambda exc: False)
     is_conflict: Callable[[BaseException], bool] = field(default=lambda exc: False)
+    # the API server is away (unreachable, 429, 5xx): worth waiting for
+    is_transient: Callable[[BaseException], bool] = field(default=lambda exc: False)
 
 
 def kube_calls(api: Any) -> KubeCalls:
     """KubeCalls over ``hami.kube.patch`` and an ApiClient."""
     from hami.kube import patch
-    from hami.kube.raw import Conflict, NotFound
+    from hami.kube.raw import Conflict, KubeError, NotFound, should_retry
 
     async def list_pods(selector: str) -> list[dict[str, Any]]:
         return await patch.list_pods(api, field_selector=selector)
@@ -344,6 +348,10 @@ def kube_calls(api: Any) -> KubeCalls:
     async def patch_pod(ns: str, name: str, annotations: Mapping[str, str | None]) -> Any:
         return await patch.patch_pod_annotations(api, ns, name, annotations)
 
+    def is_transient(exc: BaseException) -> bool:
+        # annotation merge patches repeat safely, so they count like reads here
+        return isinstance(exc, KubeError) and should_retry("GET", exc)
+
     return KubeCalls(
         get_node=lambda name: patch.get_node(api, name),
         get_pod=lambda ns, name: patch.get_pod(api, ns, name),
@@ -352,6 +360,7 @@ def kube_calls(api: Any) -> KubeCalls:
         patch_pod=patch_pod,
         is_not_found=lambda exc: isinstance(exc, NotFound),
         is_conflict=lambda exc: isinstance(exc, Conflict),
+        is_transient=is_transient,
     )
 
 
@@ -366,8 +375,14 @@ class Allocator:
         lock_timeout: timedelta = DEFAULT_LOCK_TIMEOUT,
         allocation_timeout: timedelta = DEFAULT_ALLOCATION_TIMEOUT,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        api_wait: float = 60.0,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
     ) -> None:
         self.node = node
+        # kubelet waits for Allocate without a deadline and a pod whose Allocate fails is
+        # Failed for good: an API server outage this long is waited out, not passed on
+        self.api_wait = api_wait
+        self.sleep = sleep
         self.kube = kube
         self.lock = asyncio.Lock()
         self.lock_timeout = lock_timeout
@@ -411,7 +426,7 @@ class Allocator:
         self, backend: Backend, requested: Sequence[int], node_devices: Sequence[Device]
     ) -> AllocationPlan:
         try:
-            pod, node = await self._find(backend)
+            pod, node = await self._patiently(lambda: self._find(backend))
         except Exception as exc:
             raise AllocateError(f"cannot read the node or its pods: {exc}") from None
         if pod is None:
@@ -434,7 +449,9 @@ class Allocator:
             raise AllocateError(f"cannot create host directory: {exc}", ref) from None
         meta = metadata_of(pod)
         try:
-            await self.kube.patch_pod(meta["namespace"], meta["name"], plan.annotations)
+            await self._patiently(
+                lambda: self.kube.patch_pod(meta["namespace"], meta["name"], plan.annotations)
+            )
         except Exception as exc:
             cause = f"cannot write {backend.to_allocate_key}: {exc}"
             await self._fail(pod, cause)
@@ -449,6 +466,22 @@ class Allocator:
             done=plan.done,
         )
         return plan
+
+    async def _patiently(self, call: Callable[[], Awaitable[_T]]) -> _T:
+        """``call()``, tried again with capped, jittered back-off while the API server is
+        away, for up to ``api_wait`` seconds."""
+        waited, delay = 0.0, 0.2
+        while True:
+            try:
+                return await call()
+            except Exception as exc:
+                if not self.kube.is_transient(exc) or waited + delay > self.api_wait:
+                    raise
+                self.log.warning("api_unavailable_retrying", error=str(exc), waited=waited)
+            pause = random.uniform(delay / 2, delay)
+            await self.sleep(pause)
+            waited += pause
+            delay = min(delay * 2, 5.0)
 
     async def _fail(self, pod: Pod, cause: str) -> None:
         ref = pod_ref(pod)

@@ -176,7 +176,7 @@ class KubeletEmulator:
         annotations: Mapping[str, str] | None = None,
         base_capacity: Mapping[str, str] | None = None,
         heartbeat_interval: float = 10.0,
-        rpc_timeout: float = 10.0,
+        rpc_timeout: float | None = None,
         status_retry: tuple[float, float] = (0.2, 5.0),
     ) -> None:
         self.node_name = node_name
@@ -189,6 +189,8 @@ class KubeletEmulator:
         self.annotations = dict(annotations or {})
         self.base_capacity = dict(base_capacity or {"cpu": "32", "memory": "128Gi", "pods": "110"})
         self.heartbeat_interval = heartbeat_interval
+        # kubelet calls device plugins without a deadline (a plugin may wait out an API
+        # server outage before answering Allocate); None does the same
         self.rpc_timeout = rpc_timeout
         #: first and largest pause between tries of a failed pod status write
         self.status_retry = status_retry
