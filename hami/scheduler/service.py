@@ -24,7 +24,7 @@ from typing import Any
 
 from hami import log
 from hami.config import SchedulerConfig
-from hami.core.cluster import Cluster, PodRecord
+from hami.core.cluster import Cluster, Decision, PodRecord
 from hami.core.requests import DeviceKind, PodRequest, RequestError, parse_pod
 from hami.kube import events, patch
 from hami.kube.nodelock import (
@@ -375,7 +375,7 @@ class Scheduler:
         answer = {"NodeNames": [decision.node], "FailedNodes": {}, "Error": ""}
         return _with_nodes(args, answer, [decision.node]), "scheduled"
 
-    def _decide(self, request: PodRequest, names: list[str], key: str) -> Any:
+    def _decide(self, request: PodRequest, names: list[str], key: str) -> Decision:
         """The cluster's decision, trying nodes whose lock is held suspiciously long last:
         their holder may have lost its Allocate, and binds there would wait and fail."""
         now = self.clock.now()
