@@ -215,3 +215,40 @@ def _scheduler_decision(value: str | None, pod: dict[str, Any] | None, now: date
         mock.patch.object(kube_patch, "patch_pod_annotations", patch_pod),
     ):
         return asyncio.run(scheduler._live_holder(value, NODE, "ns", "me"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=_lock_values, offset=st.integers(-(10**6), 10**6), exists=st.booleans())
+def test_any_lock_on_a_node_passes_the_watch_and_the_sweep(
+    value: str | None, offset: int, exists: bool
+) -> None:
+    """Node watch event -> the scheduler's parsed lock -> the periodic sweep: no exception."""
+    now = at(offset)
+    scheduler = Scheduler(SchedulerConfig(), [], object(), clock=Clock(now=lambda: now))
+    scheduler.emit_events = False
+    annotations = {keys.NODE_LOCK: value} if value is not None else {}
+    node = {"metadata": {"name": NODE, "resourceVersion": "7", "annotations": annotations}}
+    pod = holder(bind_time=str(int(NOW.timestamp()))) if exists else None
+
+    async def get_node(api: Any, name: str) -> dict[str, Any]:
+        return node
+
+    async def get_pod(api: Any, namespace: str, name: str) -> dict[str, Any]:
+        if pod is None:
+            raise NotFound(404, "NotFound", "not found", "/pods")
+        return pod
+
+    async def patched(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {}
+
+    async def run() -> None:
+        scheduler.on_node("ADDED", node)
+        await scheduler.release_stale_locks()
+
+    with (
+        mock.patch.object(kube_patch, "get_node", get_node),
+        mock.patch.object(kube_patch, "get_pod", get_pod),
+        mock.patch.object(kube_patch, "patch_pod_annotations", patched),
+        mock.patch.object(kube_patch, "patch_node_annotations", patched),
+    ):
+        asyncio.run(run())
