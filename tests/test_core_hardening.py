@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from _core_helpers import NOW, NVIDIA, gpu, node, pod, register
 
-from hami.core import cluster as cluster_module
 from hami.core.cluster import Cluster
 from hami.core.requests import parse_pod
 from hami.protocol import ProtocolError, decode_pod_devices, encode_pod_devices, handshake
@@ -91,7 +90,7 @@ def test_one_node_that_breaks_the_pass_costs_only_that_node(
             raise RuntimeError("boom")
         return real(value, **kwargs)
 
-    monkeypatch.setattr(cluster_module.handshake, "decide", decide)
+    monkeypatch.setattr(handshake, "decide", decide)
     writes, changes = c.refresh(NOW)
     assert [w.node for w in writes] == ["b"]
     state = c.nodes["a"].types["nvidia"]
