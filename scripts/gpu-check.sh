@@ -24,10 +24,12 @@ if ! listed=$(nvidia-smi --query-gpu=uuid --format=csv,noheader 2>&1) || [ -z "$
 fi
 
 # The project's own environment; installed once, never again while .venv exists. A python
-# that already imports hami (a machine without a package index) is used as it is.
+# that already has hami installed (scripts/gpu-check-bundle.sh, for a machine that reaches no
+# package index) is used as it is.
 if [ -x .venv/bin/python ]; then
     python=.venv/bin/python
-elif "${PYTHON:-python3}" -c 'import hami.testkit.gpucheck' >/dev/null 2>&1; then
+elif "${PYTHON:-python3}" -c 'import hami.testkit.gpucheck, importlib.metadata as m; m.version("hami")' \
+    >/dev/null 2>&1; then
     python=${PYTHON:-python3}
 else
     make install >&2

@@ -8,6 +8,7 @@ from the same fixture. Everything else is the code a GPU machine runs.
 from __future__ import annotations
 
 import contextlib
+import ctypes.util
 import io
 import json
 import os
@@ -124,6 +125,31 @@ def test_no_gpu_one_line_and_exit_0(tmp_path: Path, nvidia_smi: str | None, says
     assert len(lines) == 1, done.stdout
     assert lines[0].startswith("gpu-check: no NVIDIA GPU here (")
     assert says in lines[0]
+
+
+LISTS_ONE = (
+    "#!/bin/sh\n"
+    'case "$*" in\n'
+    "  *noheader*) echo GPU-3f1c9a7e ;;\n"
+    '  *) printf "uuid, name, memory.total [MiB]\\nGPU-3f1c9a7e, NVIDIA H200, 143771 MiB\\n" ;;\n'
+    "esac\n"
+)
+
+
+def test_gpu_listed_but_no_nvml_uses_the_venv_and_fails_in_one_line(tmp_path: Path) -> None:
+    """.venv exists: no `make install` (make is not even on PATH); a GPU that nvidia-smi lists
+    and NVML cannot open is a failure, not "no GPU"."""
+    if not (ROOT / ".venv" / "bin" / "python").exists():
+        pytest.skip("needs the project's .venv (make install)")
+    if ctypes.util.find_library("nvidia-ml"):
+        pytest.skip("this machine has an NVIDIA driver library")
+    done = _run_script(_bin_dir(tmp_path, LISTS_ONE))
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1, done.stdout
+    assert lines[0].startswith("gpu-check: nvidia-smi lists 1 GPU(s) but NVML does not start: ")
+    assert "libnvidia-ml.so.1 not found" in lines[0]
+    assert "make" not in done.stderr
 
 
 def test_no_gpu_in_python_too(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -319,6 +345,7 @@ def _answer(tmp_path: Path) -> Answer:
     host.mkdir(parents=True)
     return Answer(
         uuid="GPU-3f1c9a7e",
+        index=2,
         memory_mib=1024,
         cores=30,
         envs={
@@ -375,7 +402,11 @@ def test_step3_limit_enforced(tmp_path: Path) -> None:
     (control_argv, control_env), (_, env) = run.calls
     assert control_argv == ("/x/memcheck", "256", "2048")
     assert "LD_PRELOAD" not in control_env
-    assert control_env["CUDA_VISIBLE_DEVICES"] == "GPU-3f1c9a7e"
+    assert (control_env["CUDA_VISIBLE_DEVICES"], control_env["CUDA_DEVICE_ORDER"]) == (
+        "2",
+        "PCI_BUS_ID",
+    )
+    assert env["CUDA_VISIBLE_DEVICES"] == "2"
     assert env["LD_PRELOAD"] == "/x/libvgpu.so"
     assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1024m"
     # the container path of the cache, mapped through the answer's mount to the host

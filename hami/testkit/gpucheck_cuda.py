@@ -184,10 +184,13 @@ def build_hamicore(
     tools: Toolchain, source: Path, build: Path, env: Mapping[str, str], run: Runner
 ) -> tuple[str | None, str]:
     assert tools.cmake is not None and tools.nvcc is not None
-    cuda_home = str(Path(tools.nvcc).resolve().parent.parent)
-    build_env = {**env, "CUDA_HOME": env.get("CUDA_HOME", cuda_home)}
+    cuda_home = env.get("CUDA_HOME") or str(Path(tools.nvcc).resolve().parent.parent)
+    build_env = {**env, "CUDA_HOME": cuda_home}
+    # -lcuda -lnvidia-ml at link time: the toolkit's stubs, where no unversioned driver
+    # library is installed; at run time the driver's own libraries load.
+    stubs = f"-DCMAKE_SHARED_LINKER_FLAGS=-L{cuda_home}/lib64/stubs"
     steps: Sequence[Sequence[str]] = (
-        [tools.cmake, "-S", str(source), "-B", str(build), *HAMICORE_CMAKE_OPTIONS],
+        [tools.cmake, "-S", str(source), "-B", str(build), *HAMICORE_CMAKE_OPTIONS, stubs],
         [tools.cmake, "--build", str(build), "--target", "vgpu", "-j", str(os.cpu_count() or 2)],
     )
     for argv in steps:
@@ -205,7 +208,7 @@ def limit_checks(
 ) -> list[Check]:
     under, over = max(1, answer.memory_mib // 4), answer.memory_mib * 2
     argv = [program, str(under), str(over)]
-    plain_env = {**env, "CUDA_VISIBLE_DEVICES": answer.uuid}
+    plain_env = {**env, **visible(answer)}
     control = run(argv, timeout=120.0, env=plain_env)
     plain = parse_program_output(control.stdout)
     if not control.ok or any(plain.get((api, over)) != "ok" for api in ("runtime", "driver")):
@@ -239,6 +242,12 @@ def limit_checks(
             )
         )
     return checks
+
+
+def visible(answer: Answer) -> dict[str, str]:
+    """The allocated GPU alone, as the container runtime would leave it. HAMi-core reads
+    CUDA_VISIBLE_DEVICES as NVML indices, so an index in NVML's (PCI bus) order, not a uuid."""
+    return {"CUDA_VISIBLE_DEVICES": str(answer.index), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 def container_env(

@@ -117,6 +117,7 @@ class Answer:
     """The Allocate answer kubelet got for the slice pod, with what the pod asked for."""
 
     uuid: str  # NVIDIA_VISIBLE_DEVICES
+    index: int  # its NVML index (nvidia-smi's row)
     memory_mib: int
     cores: int
     envs: dict[str, str]
