@@ -140,13 +140,22 @@ def test_usage_from_pods_incremental_and_finished() -> None:
     assert c.usage_snapshot() == {}
 
 
-def test_bind_failed_unbound_is_not_counted_but_bound_is() -> None:
+def test_bind_failed_counts_only_when_the_pod_runs_all_the_same() -> None:
     c = cluster()
     two_nodes(c)
     devices = [[ContainerDevice("GPU-a0", "NVIDIA", 3000, 0)]]
-    c.upsert_pod(running("p", "a", devices, bind_phase="failed", bound=False))
+    unbound = running("p", "a", devices, bind_phase="failed", bound=False)
+    unbound["status"]["phase"] = "Pending"
+    c.upsert_pod(unbound)
     assert c.usage_snapshot() == {}
-    c.upsert_pod(running("q", "a", devices, bind_phase="failed", bound=True))
+    # Bound, but its Allocate failed or was lost (the lock sweep failed it): kubelet will
+    # not start it with these devices, so they are free for the next pod.
+    lost = running("q", "a", devices, bind_phase="failed", bound=True)
+    lost["status"]["phase"] = "Pending"
+    c.upsert_pod(lost)
+    assert c.usage_snapshot() == {}
+    lost["status"]["phase"] = "Running"
+    c.upsert_pod(lost)
     assert c.usage_snapshot() == {"a": {"GPU-a0": (1, 3000, 0)}}
 
 

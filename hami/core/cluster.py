@@ -374,8 +374,14 @@ class Cluster:
         if not node or status.get("phase") in FINISHED_PHASES:
             return None, []
         bound = bool(spec.get("nodeName"))
-        if annotations.get(keys.BIND_PHASE) == keys.BindPhase.FAILED and not bound:
-            return None, []  # a decision whose bind failed: nothing was started
+        if (
+            annotations.get(keys.BIND_PHASE) == keys.BindPhase.FAILED
+            and status.get("phase") != "Running"
+        ):
+            # Its bind or its Allocate failed (or it lost its Allocate and was failed):
+            # kubelet admits a pod all or nothing, so it will not start with these devices.
+            # A pod that runs all the same counts: kubelet's word wins over the annotation.
+            return None, []
         init_count = len(spec.get("initContainers") or [])
         usage: dict[str, Use] = {}
         errors: list[str] = []
