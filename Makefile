@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 help:
 	@echo "install       create $(VENV) and install hami with its dev tools"
 	@echo "controlplane  build (or reuse) etcd, kube-apiserver and kube-scheduler for the tests"
-	@echo "lint          ruff + mypy"
+	@echo "lint          ruff, mypy and the layer contracts (import-linter)"
 	@echo "test          lint, then the whole test suite (needs the control plane binaries)"
 	@echo "demo          a local cluster with simulated GPU nodes, sample pods and a placement table"
 	@echo "proto         regenerate the device plugin gRPC code from hami/_proto"
@@ -29,6 +29,7 @@ lint: install
 	$(BIN)/ruff check hami tests bench
 	$(BIN)/ruff format --check hami tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 proto: install
 	PYTHON=$(BIN)/python bash scripts/gen-proto.sh

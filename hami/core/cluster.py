@@ -23,8 +23,8 @@ from typing import Any
 from hami.core.fit import BINPACK, NodeFit, NodeMiss, TypeView, fit_pod
 from hami.core.requests import DeviceKind, DeviceRequest, PodRequest, parse_quantity
 from hami.core.usage import DeviceState, Use, pod_usage
-from hami.kube.objects import annotations_of, metadata_of, pod_key
 from hami.protocol import ProtocolError, decode_node_devices, decode_pod_devices, handshake, keys
+from hami.protocol.objects import annotations_of, metadata_of, pod_key
 from hami.protocol.stamps import parse_unix_seconds
 
 FINISHED_PHASES = ("Succeeded", "Failed")

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from hami.backends.base import ResourceNames
-from hami.kube.objects import annotations_of, pod_containers, pod_key
 from hami.protocol import keys
+from hami.protocol.objects import annotations_of, pod_containers, pod_key
+from hami.protocol.resources import ResourceNames
 
 POLICIES = ("binpack", "spread")
 
