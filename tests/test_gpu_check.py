@@ -7,6 +7,7 @@ from the same fixture. Everything else is the code a GPU machine runs.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes.util
 import io
@@ -600,3 +601,15 @@ def test_whole_check_on_the_real_control_plane(
     }, out.getvalue()
     assert lines[-1] == "gpu-check OK: 7 passed, 0 failed, 2 skipped"
     assert code == 0
+    left = [n for n in asyncio.run(_node_names(controlplane.kubeconfig)) if "gpu-check" in n]
+    assert left == []  # the shared control plane keeps no node of the check
+
+
+async def _node_names(kubeconfig: Path) -> list[str]:
+    from kubernetes_asyncio import client, config
+
+    configuration = client.Configuration()
+    await config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    async with client.ApiClient(configuration) as api:
+        nodes = await client.CoreV1Api(api).list_node()
+    return [n.metadata.name for n in nodes.items]

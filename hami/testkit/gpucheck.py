@@ -53,7 +53,6 @@ from hami.testkit.kubelet import KubeletEmulator, PodAdmission
 SMI_QUERY = ("nvidia-smi", "--query-gpu=uuid,name,memory.total", "--format=csv")
 SMI_TOPO = ("nvidia-smi", "topo", "-m")
 SMI_DRIVER = ("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
-NODE_NAME = "gpu-check"
 #: The slice step 2 asks for: MiB of device memory and percent of its cores.
 SLICE_MEMORY_MIB = 1024
 SLICE_CORES = 30
@@ -288,6 +287,7 @@ class GpuNode:
 
     def __init__(self, cluster: LocalCluster, backend: NvidiaBackend, workdir: Path) -> None:
         self.cluster = cluster
+        self.name = f"gpu-check-{cluster.id}"
         self.backend = backend
         self.workdir = workdir
         self.kubelet: KubeletEmulator | None = None
@@ -296,7 +296,7 @@ class GpuNode:
 
     async def start(self, devices: int) -> None:
         self.kubelet = KubeletEmulator(
-            NODE_NAME,
+            self.name,
             self.cluster.kubeconfig,
             self.workdir / "plugins",
             labels={CLUSTER_LABEL: self.cluster.id},
@@ -305,7 +305,7 @@ class GpuNode:
         timing = self.cluster.timing
         self.agent = NodeAgent(
             self.cluster.cfg,
-            node_name=NODE_NAME,
+            node_name=self.name,
             kubeconfig=str(self.cluster.kubeconfig),  # its own client, as on a real node
             backends={"nvidia": self.backend},
             register_period=timing.register_period,
@@ -329,6 +329,20 @@ class GpuNode:
                 await self._task
         if self.kubelet is not None:
             await self.kubelet.stop()
+            with contextlib.suppress(Exception):  # a shared control plane keeps no stray node
+                await _delete_node(self.cluster.kubeconfig, self.name)
+
+
+async def _delete_node(kubeconfig: Path, name: str) -> None:
+    from kubernetes_asyncio import client
+    from kubernetes_asyncio import config as kube_config
+
+    configuration = client.Configuration()
+    await kube_config.load_kube_config(
+        config_file=str(kubeconfig), client_configuration=configuration
+    )
+    async with client.ApiClient(configuration) as api:
+        await client.CoreV1Api(api).delete_node(name)
 
 
 def step2_checks(
