@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: help install controlplane lint test check demo proto bench clean
+.PHONY: help install controlplane lint test check demo proto bench gpu-check clean
 
 help:
 	@echo "install       create $(VENV) and install hami with its dev tools"
@@ -13,6 +13,7 @@ help:
 	@echo "demo          a local cluster with simulated GPU nodes, sample pods and a placement table"
 	@echo "proto         regenerate the device plugin gRPC code from hami/_proto"
 	@echo "bench         run the benchmarks in bench/"
+	@echo "gpu-check     prove the NVIDIA backend on this machine's GPU (one line, exit 0 without one)"
 
 $(BIN)/hami: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +40,9 @@ test: lint controlplane
 
 demo: install controlplane
 	$(BIN)/hami demo
+
+gpu-check:
+	bash scripts/gpu-check.sh
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
