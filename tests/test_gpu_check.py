@@ -467,8 +467,34 @@ def test_step3_hamicore_sources(tmp_path: Path) -> None:
 
     library, why = gpucheck_cuda.hamicore_library(tools, tmp_path / "b", env, broken)
     assert library is None
-    assert why.startswith("build failed")
+    assert why.startswith("HAMi-core did not build here")
     assert "cuda.h" in why
+
+
+def test_step3_hamicore_not_building_is_skipped_saying_why(tmp_path: Path) -> None:
+    """The issue: where HAMi-core cannot be built, the step says so; it is no mismatch."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("nvcc", "cc", "cmake"):
+        (bin_dir / tool).write_text("#!/bin/sh\nexit 1\n")
+        (bin_dir / tool).chmod(0o755)
+    source = tmp_path / "HAMi-core"
+    source.mkdir()
+    (source / "CMakeLists.txt").write_text("project(libvgpu)\n")
+    env = {"PATH": str(bin_dir), "HAMI_CORE_SRC": str(source)}
+    calls: list[tuple[str, ...]] = []
+
+    def broken(argv: Sequence[str], **_: Any) -> Ran:
+        calls.append(tuple(argv))
+        return Ran(tuple(argv), 2, "", "fatal error: cuda.h: No such file or directory")
+
+    [check] = gpucheck_cuda.step3(_answer(tmp_path), tmp_path, env, broken)
+    assert (check.name, check.status) == ("step3 hami-core", "SKIP")
+    assert "HAMi-core did not build here" in check.detail
+    assert f"nvcc {bin_dir}/nvcc" in check.detail
+    assert calls[0][:3] == (f"{bin_dir}/cmake", "-S", str(source))
+    assert f"-DCMAKE_SHARED_LINKER_FLAGS=-L{tmp_path}/lib64/stubs" in calls[0]
+    assert len(calls) == 1  # no test program without a library to preload
 
 
 def test_program_source_is_written_whole() -> None:
