@@ -11,6 +11,7 @@
 # HAMI_CORE_LIB (a built libvgpu.so) for step 3; HAMI_CONTROLPLANE_DIR (etcd, kube-apiserver,
 # kube-scheduler; default: the `make controlplane` cache) for step 2; PYTHON for `make install`.
 set -euo pipefail
+export GPU_CHECK_CALLER_DIR=$PWD # a relative --config is the caller's
 cd "$(dirname "$0")/.."
 
 # No GPU, no install: decide before anything prints.

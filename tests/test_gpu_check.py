@@ -347,11 +347,11 @@ def _answer(tmp_path: Path) -> Answer:
     return Answer(
         uuid="GPU-3f1c9a7e",
         index=2,
-        memory_mib=1024,
+        memory_mib=2048,
         cores=30,
         envs={
             "NVIDIA_VISIBLE_DEVICES": "GPU-3f1c9a7e",
-            "CUDA_DEVICE_MEMORY_LIMIT_0": "1024m",
+            "CUDA_DEVICE_MEMORY_LIMIT_0": "2048m",
             "CUDA_DEVICE_SM_LIMIT": "30",
             "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/usr/local/vgpu/abc.cache",
         },
@@ -384,10 +384,10 @@ class FakeRunner:
         return Ran(tuple(argv), 0, self.outputs.pop(0), "")
 
 
-ALL_OK = "runtime 256 ok\nruntime 2048 ok\ndriver 256 ok\ndriver 2048 ok\n"
+ALL_OK = "runtime 256 ok\nruntime 3072 ok\ndriver 256 ok\ndriver 3072 ok\n"
 LIMITED = (
-    "runtime 256 ok\nruntime 2048 fail cudaErrorMemoryAllocation\n"
-    "driver 256 ok\ndriver 2048 fail CUDA_ERROR_OUT_OF_MEMORY\n"
+    "runtime 256 ok\nruntime 3072 fail cudaErrorMemoryAllocation\n"
+    "driver 256 ok\ndriver 3072 fail CUDA_ERROR_OUT_OF_MEMORY\n"
 )
 
 
@@ -401,7 +401,7 @@ def test_step3_limit_enforced(tmp_path: Path) -> None:
     ]
     assert "runtime cudaErrorMemoryAllocation" in checks[1].detail
     (control_argv, control_env), (_, env) = run.calls
-    assert control_argv == ("/x/memcheck", "256", "2048")
+    assert control_argv == ("/x/memcheck", "256", "3072")
     assert "LD_PRELOAD" not in control_env
     assert (control_env["CUDA_VISIBLE_DEVICES"], control_env["CUDA_DEVICE_ORDER"]) == (
         "2",
@@ -409,7 +409,7 @@ def test_step3_limit_enforced(tmp_path: Path) -> None:
     )
     assert env["CUDA_VISIBLE_DEVICES"] == "2"
     assert env["LD_PRELOAD"] == "/x/libvgpu.so"
-    assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1024m"
+    assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2048m"
     # the container path of the cache, mapped through the answer's mount to the host
     assert env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] == str(tmp_path / "containers/uid_c0/abc.cache")
     assert (tmp_path / "lock").is_dir()
@@ -423,7 +423,7 @@ def test_step3_limit_not_enforced_is_a_failure(tmp_path: Path) -> None:
 
 
 def test_step3_control_run_must_allocate(tmp_path: Path) -> None:
-    run = FakeRunner("runtime 2048 fail cudaErrorMemoryAllocation\n", "")
+    run = FakeRunner("runtime 3072 fail cudaErrorMemoryAllocation\n", "")
     [check] = gpucheck_cuda.limit_checks(_answer(tmp_path), "/p", "/l.so", {}, run)
     assert check.status == "FAIL"
     assert "control run without HAMi-core" in check.detail
@@ -504,9 +504,9 @@ def test_program_source_is_written_whole() -> None:
     out = gpucheck_cuda.parse_program_output(LIMITED + "init fail x\n")
     assert out == {
         ("runtime", 256): "ok",
-        ("runtime", 2048): "cudaErrorMemoryAllocation",
+        ("runtime", 3072): "cudaErrorMemoryAllocation",
         ("driver", 256): "ok",
-        ("driver", 2048): "CUDA_ERROR_OUT_OF_MEMORY",
+        ("driver", 3072): "CUDA_ERROR_OUT_OF_MEMORY",
     }
 
 
@@ -591,6 +591,18 @@ def test_nvml_not_starting_under_a_listed_gpu_is_one_line_and_a_failure(
     assert out.getvalue().count("\n") == 1
     assert "nvidia-smi lists 3 GPU(s) but NVML does not start" in out.getvalue()
     assert "kernel driver is not loaded" in out.getvalue()
+
+
+def test_configuration_errors_name_the_file_and_the_key(
+    fake_gpu_path: str, mixed: FakeNvml, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 2 with the configuration's own message; a relative --config is the caller's."""
+    options = Options(nvml=mixed, env={"GPU_CHECK_CALLER_DIR": str(tmp_path)})
+    assert gpucheck.main(["--config", "site.yaml"], options) == 2
+    assert f"cannot read config file {tmp_path}/site.yaml" in capsys.readouterr().err
+    (tmp_path / "site.yaml").write_text("backends:\n  nvidia:\n    sysfs_rot: /sys\n")
+    assert gpucheck.main(["--config", "site.yaml"], options) == 2
+    assert "nvidia: unknown option(s) ['sysfs_rot']" in capsys.readouterr().err
 
 
 @pytest.mark.controlplane

@@ -54,7 +54,7 @@ SMI_QUERY = ("nvidia-smi", "--query-gpu=uuid,name,memory.total", "--format=csv")
 SMI_TOPO = ("nvidia-smi", "topo", "-m")
 SMI_DRIVER = ("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
 #: The slice step 2 asks for: MiB of device memory and percent of its cores.
-SLICE_MEMORY_MIB = 1024
+SLICE_MEMORY_MIB = 2048  # room for the CUDA context, which HAMi-core may count
 SLICE_CORES = 30
 
 
@@ -630,10 +630,14 @@ def probe(run: Runner = run_command) -> tuple[list[SmiGpu], str]:
     return gpus, "" if gpus else "nvidia-smi lists no GPU"
 
 
-async def run_checks(options: Options, smi: Sequence[SmiGpu]) -> Report:
+def nvidia_settings(config_path: str | None) -> BackendSettings:
+    """The nvidia backend's settings from the configuration; raises config.ConfigError."""
+    cfg = config.load(config_path)
+    return cfg.backends.get("nvidia", config.BackendConfig()).settings("nvidia")
+
+
+async def run_checks(options: Options, smi: Sequence[SmiGpu], settings: BackendSettings) -> Report:
     report = Report()
-    cfg = config.load(options.config_path)
-    settings = cfg.backends.get("nvidia", config.BackendConfig()).settings("nvidia")
     topo_ran = run_command(SMI_TOPO)
     topo: Topology | None = None
     topo_why = topo_ran.why()
@@ -661,9 +665,9 @@ async def run_checks(options: Options, smi: Sequence[SmiGpu]) -> Report:
     return report
 
 
-async def nvml_problem(options: Options) -> str | None:
+async def nvml_problem(options: Options, settings: BackendSettings) -> str | None:
     """Why the NVIDIA backend cannot start NVML here, or None when it can."""
-    backend = NvidiaBackend(nvml=options.nvml)
+    backend = NvidiaBackend(settings, nvml=options.nvml)
     try:
         await backend.enumerate()
     except BackendError as exc:
@@ -687,18 +691,27 @@ def main(argv: Sequence[str] | None = None, options: Options | None = None) -> i
         "--log-level", default="error", choices=config.LOG_LEVELS, help="hami's own logs"
     )
     args = parser.parse_args(argv)
-    options = replace(options or Options(), config_path=args.config)
+    options = options or Options()
+    config_path = args.config
+    if config_path and not os.path.isabs(config_path):  # gpu-check.sh changed directory
+        config_path = os.path.join(options.env.get("GPU_CHECK_CALLER_DIR", "."), config_path)
+    options = replace(options, config_path=config_path)
     smi, why = probe()
     if not smi:
         print(f"gpu-check: no NVIDIA GPU here ({why}); nothing to check")
         return 0
     log.configure(args.log_level, "auto", stream=sys.stderr)  # the report goes to stdout
-    problem = asyncio.run(nvml_problem(options))
+    try:
+        settings = nvidia_settings(options.config_path)
+        problem = asyncio.run(nvml_problem(options, settings))
+    except (config.ConfigError, BackendError) as exc:  # the configuration, not the GPU
+        print(f"gpu-check: {exc}", file=sys.stderr)
+        return 2
     if problem is not None:
         print(f"gpu-check: nvidia-smi lists {len(smi)} GPU(s) but NVML does not start: {problem}")
         return 1
     print(header(smi))
-    report = asyncio.run(run_checks(options, smi))
+    report = asyncio.run(run_checks(options, smi, settings))
     for check in report.checks:
         print(check.line())
     print(report.summary())

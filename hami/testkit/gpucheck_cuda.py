@@ -205,7 +205,8 @@ def build_hamicore(
 def limit_checks(
     answer: Answer, program: str, library: str, env: Mapping[str, str], run: Runner
 ) -> list[Check]:
-    under, over = max(1, answer.memory_mib // 4), answer.memory_mib * 2
+    # well under (the context may count too) and well past, yet within any card's memory
+    under, over = max(1, answer.memory_mib // 8), answer.memory_mib * 3 // 2
     argv = [program, str(under), str(over)]
     plain_env = {**env, **visible(answer)}
     control = run(argv, timeout=120.0, env=plain_env)
