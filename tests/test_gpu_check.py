@@ -510,6 +510,45 @@ def test_program_source_is_written_whole() -> None:
     }
 
 
+CUDA_PROTOTYPES = {
+    # the declarations the program uses, as CUDA's headers have them
+    "cuda_runtime.h": """#include <stddef.h>
+typedef enum { cudaSuccess = 0, cudaErrorMemoryAllocation = 2 } cudaError_t;
+cudaError_t cudaMalloc(void **devPtr, size_t size);
+cudaError_t cudaFree(void *devPtr);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetLastError(void);
+const char *cudaGetErrorName(cudaError_t error);
+""",
+    "cuda.h": """#include <stddef.h>
+typedef enum { CUDA_SUCCESS = 0 } CUresult;
+typedef unsigned long long CUdeviceptr;
+CUresult cuMemAlloc(CUdeviceptr *dptr, size_t bytesize);
+CUresult cuMemFree(CUdeviceptr dptr);
+CUresult cuGetErrorName(CUresult error, const char **pStr);
+""",
+}
+
+
+def test_program_compiles_as_cuda_cxx(tmp_path: Path) -> None:
+    """nvcc compiles host code as C++: the program, against CUDA's prototypes, with
+    warnings as errors (no GPU and no toolkit needed)."""
+    compiler = shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no C++ compiler")
+    for name, text in CUDA_PROTOTYPES.items():
+        (tmp_path / name).write_text(text)
+    source = tmp_path / "memcheck.cpp"
+    source.write_text(gpucheck_cuda.PROGRAM)
+    done = subprocess.run(
+        [compiler, "-fsyntax-only", "-Wall", "-Werror", "-I", str(tmp_path), str(source)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
 # --------------------------------------------------------------------------- step 4
 
 
