@@ -15,7 +15,8 @@ One run, no arguments needed, five steps, one report line per check:
 5. the report; exit status 1 on any FAIL.
 
 Without a GPU (no ``nvidia-smi``, or it fails, or it lists none) it prints one line and
-exits 0, so CI runs it as it is. Tests replace the driver (``nvml=``, a fake pynvml) and the
+exits 0, so CI runs it as it is; a GPU nvidia-smi lists but NVML cannot open is one line and
+exit 1; a configuration that does not load, exit 2. Tests replace the driver (``nvml=``, a fake pynvml) and the
 ``hami devices`` call (``hami_devices=``); everything else is the code a GPU machine runs.
 """
 
@@ -660,8 +661,8 @@ async def run_checks(options: Options, smi: Sequence[SmiGpu], settings: BackendS
 
     smi_uuids = [g.uuid for g in smi]
     report.extend(await step2(settings, smi_uuids, options.nvml, hamicore, options.plane))
-    report.checks.append(await step4_health(settings, options.nvml))
-    report.checks.append(step4_topology(topo, topo_why))
+    report.extend([await step4_health(settings, options.nvml)])
+    report.extend([step4_topology(topo, topo_why)])
     return report
 
 

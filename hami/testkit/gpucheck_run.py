@@ -15,6 +15,8 @@ Status = Literal["PASS", "FAIL", "SKIP"]
 
 @dataclass(frozen=True)
 class Check:
+    """One line of the report: ``PASS step1 GPU0 <uuid>: <detail>``."""
+
     name: str
     status: Status
     detail: str
@@ -25,12 +27,9 @@ class Check:
 
 @dataclass
 class Report:
-    checks: list[Check] = field(default_factory=list)
+    """Every check in the order run; any FAIL fails the whole check (exit status 1)."""
 
-    def add(self, name: str, status: Status, detail: str) -> Check:
-        check = Check(name, status, detail)
-        self.checks.append(check)
-        return check
+    checks: list[Check] = field(default_factory=list)
 
     def extend(self, checks: Sequence[Check]) -> None:
         self.checks.extend(checks)
