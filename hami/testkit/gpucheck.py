@@ -16,8 +16,9 @@ One run, no arguments needed, five steps, one report line per check:
 
 Without a GPU (no ``nvidia-smi``, or it fails, or it lists none) it prints one line and
 exits 0, so CI runs it as it is; a GPU nvidia-smi lists but NVML cannot open is one line and
-exit 1; a configuration that does not load, exit 2. Tests replace the driver (``nvml=``, a fake pynvml) and the
-``hami devices`` call (``hami_devices=``); everything else is the code a GPU machine runs.
+exit 1; a configuration that does not load, exit 2. Tests replace the driver (``nvml=``, a
+fake pynvml) and the ``hami devices`` call (``hami_devices=``); everything else is the code a
+GPU machine runs.
 """
 
 from __future__ import annotations
