@@ -37,7 +37,6 @@ from hami import config
 from hami.backends.nvidia_names import NVIDIA_ALLOCATED, NVIDIA_RESOURCES, NVIDIA_TO_ALLOCATE
 from hami.core.cluster import Cluster
 from hami.core.requests import DeviceKind, parse_pod
-from hami.kube import patch
 from hami.protocol import ContainerDevice, encode_pod_devices
 from hami.scheduler.service import Scheduler
 
@@ -174,7 +173,7 @@ def timed(fn: Callable[[], Any], calls: int) -> list[float]:
 
 async def run(nodes: int, calls: int, policy: str, seed: int) -> dict[str, Any]:
     cfg = config.from_mapping({"scheduler": {"node_policy": policy}}, env={})
-    scheduler = Scheduler(cfg.scheduler, [KIND], api=object(), emit_events=False)
+    scheduler = Scheduler(cfg.scheduler, [KIND], None, emit_events=False)
     began = time.perf_counter()
     pods = build(scheduler, nodes, seed)
     built = time.perf_counter() - began
@@ -204,11 +203,13 @@ async def run(nodes: int, calls: int, policy: str, seed: int) -> dict[str, Any]:
 
     decision_samples = timed(decision, calls)
 
-    async def no_patch(*args: Any, **kwargs: Any) -> dict[str, Any]:
-        return {}
+    class NoApi:
+        """Decisions are written nowhere: the filter's own cost is measured."""
 
-    original = patch.patch_pod_annotations
-    patch.patch_pod_annotations = no_patch
+        async def patch_pod_annotations(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            return {}
+
+    scheduler.kube = NoApi()  # type: ignore[assignment]
     filter_samples: list[float] = []
     try:
         for _ in range(calls):
@@ -223,7 +224,7 @@ async def run(nodes: int, calls: int, policy: str, seed: int) -> dict[str, Any]:
                 key = f"bench/{shape['metadata']['name']}"
                 cluster.release(key)
     finally:
-        patch.patch_pod_annotations = original
+        scheduler.kube = None
 
     impossible = parse_pod(
         {

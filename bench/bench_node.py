@@ -61,16 +61,16 @@ from hami._proto.v1beta1 import api_grpc, api_pb2
 from hami.backends.base import BackendSettings
 from hami.backends.fake import FakeBackend
 from hami.config import Config
-from hami.kube import patch
-from hami.kube.raw import KubeError, request
+from hami.kube.client import Kube, open_client
+from hami.kube.raw import KubeError, RetryPolicy
 from hami.node.agent import NodeAgent
-from hami.node.allocate import KubeCalls, kube_calls, plan_allocation
+from hami.node.allocate import plan_allocation
 from hami.node.metrics import NodeMetrics
 from hami.node.registration import Registrar, registration_annotations
 from hami.node.state import DeviceState
 from hami.protocol import ContainerDevice, NodeLock, encode_pod_devices, keys
 from hami.testkit.cluster import poll
-from hami.testkit.controlplane import ControlPlane, api_client, free_port
+from hami.testkit.controlplane import ControlPlane, free_port
 
 NAMESPACE = "hami-bench"
 MODEL, MEMORY = "NVIDIA-A100-SXM4-40GB", 40960
@@ -116,10 +116,10 @@ class ApiTally:
     by_call: dict[str, int] = field(default_factory=dict)
 
     def wrap(self, name: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-        async def timed(*args: Any) -> Any:
+        async def timed(*args: Any, **kwargs: Any) -> Any:
             began = time.perf_counter()
             try:
-                return await fn(*args)
+                return await fn(*args, **kwargs)
             finally:
                 self.seconds += time.perf_counter() - began
                 self.calls += 1
@@ -128,25 +128,32 @@ class ApiTally:
         return timed
 
 
-def tallied(kube: KubeCalls, tally: ApiTally) -> KubeCalls:
-    return KubeCalls(
-        get_node=tally.wrap("get node", kube.get_node),
-        get_pod=tally.wrap("get pod", kube.get_pod),
-        list_pods=tally.wrap("list pods", kube.list_pods),
-        patch_node=tally.wrap("patch node", kube.patch_node),
-        patch_pod=tally.wrap("patch pod", kube.patch_pod),
-        is_not_found=kube.is_not_found,
-        is_conflict=kube.is_conflict,
-    )
+class TalliedKube:
+    """A ``Kube``'s node-agent calls, each timed into ``tally``."""
+
+    def __init__(self, kube: Kube, tally: ApiTally) -> None:
+        self.kube = kube
+        self.tally = tally
+        self.get_node = tally.wrap("get node", kube.get_node)
+        self.get_pod = tally.wrap("get pod", kube.get_pod)
+        self.patch_node_annotations = tally.wrap("patch node", kube.patch_node_annotations)
+        self.patch_pod_annotations = tally.wrap("patch pod", kube.patch_pod_annotations)
+        self._list_pods = tally.wrap("list pods", kube.list_pods)
+
+    async def list_pods(self, **selectors: Any) -> Any:
+        return await self._list_pods(**selectors)
+
+    def with_retry(self, policy: RetryPolicy) -> TalliedKube:
+        return TalliedKube(self.kube.with_retry(policy), self.tally)
 
 
 # --------------------------------------------------------------------------- the scheduler's part
 
 
-async def create_node(api: Any, name: str) -> None:
+async def create_node(kube: Kube, name: str) -> None:
     body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
     try:
-        await request(api, "POST", "/api/v1/nodes", body=body)
+        await kube.request("POST", "/api/v1/nodes", body=body)
     except KubeError as exc:
         if exc.status != 409:
             raise
@@ -197,7 +204,7 @@ class AllocateRun:
 
 
 async def allocate_pods(
-    api: Any,
+    kube: Kube,
     node: str,
     socket: Path,
     uuids: list[str],
@@ -223,14 +230,13 @@ async def allocate_pods(
                 [ContainerDevice(uuids[(p * containers + c) % len(uuids)], "NVIDIA", 2000, 10)]
                 for c in range(containers)
             ]
-            created = await request(
-                api,
+            created = await kube.request(
                 "POST",
                 f"/api/v1/namespaces/{NAMESPACE}/pods",
                 body=bound_pod(name, node, entries),
             )
             lock = NodeLock(datetime.now(UTC), NAMESPACE, name).encode()
-            await patch.patch_node_annotations(api, node, {keys.NODE_LOCK: lock})
+            await kube.patch_node_annotations(node, {keys.NODE_LOCK: lock})
             if backend is not None:
                 began = time.perf_counter()
                 plan_allocation(created, backend, [1], node_devices)
@@ -286,10 +292,10 @@ async def _registered(agent: NodeAgent) -> bool:
 
 
 async def in_process(
-    api: Any, work: Path, args: argparse.Namespace
+    kube: Kube, work: Path, args: argparse.Namespace
 ) -> tuple[dict[int, AllocateRun], ApiTally]:
     node = "bench-node-a"
-    await create_node(api, node)
+    await create_node(kube, node)
     tally = ApiTally()
     backend = FakeBackend(
         BackendSettings(split_count=args.split, options=fake_options(node, args.devices, work))
@@ -297,7 +303,7 @@ async def in_process(
     agent = NodeAgent(
         Config(),
         node_name=node,
-        kube=tallied(kube_calls(api), tally),
+        kube=TalliedKube(kube, tally),  # type: ignore[arg-type]
         backends={"fake": backend},
         register_period=3600,  # one registration at start-up, none during the runs
         device_plugin_dir=str(work / "plugins"),
@@ -315,7 +321,7 @@ async def in_process(
         for containers in (1, 3):
             before = dict(tally.by_call)
             run = await allocate_pods(
-                api, node, socket, uuids, args.split, containers, args.pods, "in", tally, backend
+                kube, node, socket, uuids, args.split, containers, args.pods, "in", tally, backend
             )
             run.by_call = {k: v - before.get(k, 0) for k, v in tally.by_call.items()}
             results[containers] = run
@@ -331,9 +337,9 @@ async def in_process(
 # --------------------------------------------------------------------------- registration
 
 
-async def registration(api: Any, work: Path, devices: int, passes: int) -> dict[str, list[float]]:
+async def registration(kube: Kube, work: Path, devices: int, passes: int) -> dict[str, list[float]]:
     node = f"bench-reg-{devices}"
-    await create_node(api, node)
+    await create_node(kube, node)
     backend = FakeBackend(
         BackendSettings(split_count=10, options=fake_options(node, devices, work))
     )
@@ -341,10 +347,7 @@ async def registration(api: Any, work: Path, devices: int, passes: int) -> dict[
     state.bind_loop()
     state.set_enumerated(await backend.enumerate())
 
-    async def patch_node(annotations: Any) -> object:
-        return await patch.patch_node_annotations(api, node, annotations)
-
-    registrar = Registrar(state, patch_node, period=3600, metrics=NodeMetrics(), node=node)
+    registrar = Registrar(state, kube, node=node, period=3600, metrics=NodeMetrics())
     await registrar.refresh()
     await registrar.write_once()  # warm-up: the first write adds the keys
     whole: list[float] = []
@@ -372,10 +375,10 @@ def spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
 
 
 async def agent_process(
-    api: Any, plane: ControlPlane, work: Path, args: argparse.Namespace
+    kube: Kube, plane: ControlPlane, work: Path, args: argparse.Namespace
 ) -> dict[str, Any]:
     node = "bench-node-p"
-    await create_node(api, node)
+    await create_node(kube, node)
     plugins = work / "proc-plugins"
     cfg = {
         "log": {"level": "warning", "format": "json"},
@@ -406,7 +409,7 @@ async def agent_process(
         async def registered() -> bool:
             if proc.poll() is not None:
                 raise RuntimeError(f"agent exited ({proc.returncode}): {log_path.read_text()}")
-            annotations = (await patch.get_node(api, node))["metadata"].get("annotations") or {}
+            annotations = (await kube.get_node(node))["metadata"].get("annotations") or {}
             return socket.exists() and REGISTER in annotations
 
         await poll(registered, 60, "the agent process to register", interval=0.05)
@@ -415,7 +418,7 @@ async def agent_process(
         idle = rss_mib(proc.pid)
         uuids = [f"GPU-{node}-{i}" for i in range(args.devices)]
         runs = {
-            c: await allocate_pods(api, node, socket, uuids, args.split, c, args.pods, "proc")
+            c: await allocate_pods(kube, node, socket, uuids, args.split, c, args.pods, "proc")
             for c in (1, 3)
         }
         after = rss_mib(proc.pid)
@@ -488,14 +491,13 @@ async def bench(args: argparse.Namespace) -> None:
             f"{args.pods} pods per shape; etcd + kube-apiserver up in "
             f"{plane.startup_seconds or 0:.1f}s"
         )
-        async with api_client(plane.kubeconfig) as api:
-            await request(
-                api,
+        async with open_client(plane.kubeconfig) as kube:
+            await kube.request(
                 "POST",
                 "/api/v1/namespaces",
                 body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
             )
-            runs, _ = await in_process(api, work, args)
+            runs, _ = await in_process(kube, work, args)
             print("\nAllocate over gRPC, in-process agent (kubelet's two calls per container)")
             print(ALLOCATE_HEADER + API_HEADER)
             print("|---:|---:|---|---|---:|---|---:|---:|---:|")
@@ -508,7 +510,7 @@ async def bench(args: argparse.Namespace) -> None:
             print("| devices | value size | pass p50 / p99 | encode p50 |")
             print("|---:|---:|---|---:|")
             for devices in (8, 64):
-                reg = await registration(api, work, devices, args.passes)
+                reg = await registration(kube, work, devices, args.passes)
                 encode_us = statistics.median(reg["encode"]) * 1e6
                 print(
                     f"| {devices} | {int(reg['bytes'][0])} B | {ms(reg['pass'], 0.5)} / "
@@ -516,7 +518,7 @@ async def bench(args: argparse.Namespace) -> None:
                 )
 
             if not args.no_process:
-                proc = await agent_process(api, plane, work, args)
+                proc = await agent_process(kube, plane, work, args)
                 print(
                     f"\nAgent process (`hami run --role node`), registered "
                     f"{proc['startup']:.1f}s after exec"

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from hami.kube.raw import request
+from hami.kube.client import Kube
 
 MANIFESTS = Path(__file__).resolve().parents[1] / "docker" / "manifests"
 APPLY_PATCH = "application/apply-patch+yaml"
@@ -42,13 +42,13 @@ def object_path(doc: dict[str, Any]) -> str:
     return f"{collection_path(doc)}/{doc['metadata']['name']}"
 
 
-async def apply(api: Any, doc: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+async def apply(kube: Kube, doc: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
     """Server-side apply, as `kubectl apply --server-side [--dry-run=server]` does, with
     strict field validation."""
     query = [("fieldValidation", "Strict"), ("fieldManager", "hami-test"), ("force", "true")]
     if dry_run:
         query.append(("dryRun", "All"))
-    applied: dict[str, Any] = await request(
-        api, "PATCH", object_path(doc), body=doc, query=query, content_type=APPLY_PATCH
+    applied: dict[str, Any] = await kube.request(
+        "PATCH", object_path(doc), body=doc, query=query, content_type=APPLY_PATCH
     )
     return applied

@@ -13,7 +13,8 @@ from typing import Any
 import aiohttp
 
 from hami import config
-from hami.kube.raw import KubeError, request
+from hami.kube.client import Kube
+from hami.kube.raw import KubeError
 from hami.scheduler.role import SchedulerRole
 from hami.scheduler.service import Clock
 from hami.testkit.cluster import limits as nvidia_limits
@@ -54,10 +55,10 @@ def scheduler_config(**overrides: Any) -> config.Config:
 
 @contextlib.asynccontextmanager
 async def running_scheduler(
-    api: Any, fake: FakeClock, cfg: config.Config | None = None, **kwargs: Any
+    kube: Kube, fake: FakeClock, cfg: config.Config | None = None, **kwargs: Any
 ) -> AsyncIterator[SchedulerRole]:
     role = SchedulerRole(
-        cfg or scheduler_config(), api, clock=fake.clock(), handshake_loop=False, **kwargs
+        cfg or scheduler_config(), kube, clock=fake.clock(), handshake_loop=False, **kwargs
     )
     async with role:
         await role.wait_ready()
@@ -68,19 +69,19 @@ def register(uuids: list[str], *, memory: int = 10000, count: int = 5, cores: in
     return "".join(f"{u},{count},{memory},{cores},NVIDIA-A100-SXM4-40GB,0,true:" for u in uuids)
 
 
-async def create_node(api: Any, name: str, annotations: dict[str, str]) -> None:
+async def create_node(kube: Kube, name: str, annotations: dict[str, str]) -> None:
     body = {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "annotations": annotations},
     }
-    await request(api, "POST", "/api/v1/nodes", body=body)
+    await kube.request("POST", "/api/v1/nodes", body=body)
 
 
-async def delete_nodes(api: Any, names: list[str]) -> None:
+async def delete_nodes(kube: Kube, names: list[str]) -> None:
     for name in names:
         with contextlib.suppress(KubeError):
-            await request(api, "DELETE", f"/api/v1/nodes/{name}")
+            await kube.request("DELETE", f"/api/v1/nodes/{name}")
 
 
 def gpu_pod(
@@ -103,8 +104,8 @@ def gpu_pod(
     }
 
 
-async def create_pod(api: Any, namespace: str, pod: dict[str, Any]) -> dict[str, Any]:
-    return await request(api, "POST", f"/api/v1/namespaces/{namespace}/pods", body=pod)
+async def create_pod(kube: Kube, namespace: str, pod: dict[str, Any]) -> dict[str, Any]:
+    return await kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=pod)
 
 
 async def post(url: str, body: Any) -> dict[str, Any]:

@@ -23,10 +23,9 @@ import aiohttp
 import pytest
 from _manifest_helpers import apply, documents, object_path
 
-from hami.kube import events, patch
-from hami.kube.client import open_client
-from hami.kube.raw import KubeError, request
-from hami.node.allocate import kube_calls
+from hami.kube import events
+from hami.kube.client import Kube, open_client
+from hami.kube.raw import KubeError
 from hami.protocol import keys
 
 pytestmark = pytest.mark.controlplane
@@ -79,7 +78,7 @@ def denied(answer: tuple[int, str], *words: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def hami_policies(api: Any, namespace: str) -> AsyncIterator[None]:
+async def hami_policies(kube: Kube, namespace: str) -> AsyncIterator[None]:
     """The manifests' RBAC and policies, applied for real. The decision-annotation policy
     applies to every user, so its binding is narrowed to this test's namespace; the two
     role policies match only the roles' service accounts."""
@@ -89,36 +88,36 @@ async def hami_policies(api: Any, namespace: str) -> AsyncIterator[None]:
             doc["spec"]["matchResources"] = {
                 "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
             }
-        await apply(api, doc)
+        await apply(kube, doc)
     try:
         yield
     finally:
         for doc in docs:
             if doc["kind"].startswith("ValidatingAdmissionPolicy"):
                 with contextlib.suppress(KubeError):
-                    await request(api, "DELETE", object_path(doc))
+                    await kube.request("DELETE", object_path(doc))
 
 
-async def make_node(api: Any, name: str) -> str:
+async def make_node(kube: Kube, name: str) -> str:
     body = {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "labels": {"gpu": "on"}, "annotations": {"team": "a"}},
     }
-    await request(api, "POST", "/api/v1/nodes", body=body)
+    await kube.request("POST", "/api/v1/nodes", body=body)
     return f"/api/v1/nodes/{name}"
 
 
-async def make_pod(api: Any, namespace: str, name: str, node: str | None) -> str:
+async def make_pod(kube: Kube, namespace: str, name: str, node: str | None) -> str:
     spec: dict[str, Any] = {"containers": [{"name": "c", "image": "busybox"}]}
     if node:
         spec["nodeName"] = node
     body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
-    await request(api, "POST", f"/api/v1/namespaces/{namespace}/pods", body=body)
+    await kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=body)
     return f"/api/v1/namespaces/{namespace}/pods/{name}"
 
 
-async def wait_for_policies(api: Any, agent: As, node_b: str, pod_b: str) -> None:
+async def wait_for_policies(kube: Kube, agent: As, node_b: str, pod_b: str) -> None:
     """Bindings reach the admission plugin through an informer: wait until each bites
     (the probes write harmless values while they do not)."""
     async with asyncio.timeout(30):
@@ -126,8 +125,7 @@ async def wait_for_policies(api: Any, agent: As, node_b: str, pod_b: str) -> Non
             await asyncio.sleep(0.2)
         for attempt in itertools.count():
             try:
-                await request(
-                    api,
+                await kube.request(
                     "PATCH",
                     pod_b,
                     body={"metadata": {"annotations": {"hami.io/vgpu-time": str(attempt)}}},
@@ -140,18 +138,16 @@ async def wait_for_policies(api: Any, agent: As, node_b: str, pod_b: str) -> Non
 
 
 @pytest.fixture
-async def scene(
-    controlplane: Any, api_client: Any, namespace: str
-) -> AsyncIterator[dict[str, Any]]:
+async def scene(controlplane: Any, kube: Kube, namespace: str) -> AsyncIterator[dict[str, Any]]:
     suffix = uuid.uuid4().hex[:6]
     a, b = f"policy-a-{suffix}", f"policy-b-{suffix}"
-    paths = {"node_a": await make_node(api_client, a), "node_b": await make_node(api_client, b)}
-    paths["pod_a"] = await make_pod(api_client, namespace, "on-a", a)
-    paths["pod_b"] = await make_pod(api_client, namespace, "on-b", b)
-    paths["pending"] = await make_pod(api_client, namespace, "pending", None)
-    async with aiohttp.ClientSession() as session, hami_policies(api_client, namespace):
+    paths = {"node_a": await make_node(kube, a), "node_b": await make_node(kube, b)}
+    paths["pod_a"] = await make_pod(kube, namespace, "on-a", a)
+    paths["pod_b"] = await make_pod(kube, namespace, "on-b", b)
+    paths["pending"] = await make_pod(kube, namespace, "pending", None)
+    async with aiohttp.ClientSession() as session, hami_policies(kube, namespace):
         agent = As(controlplane, session, NODE_SA, a)
-        await wait_for_policies(api_client, agent, paths["node_b"], paths["pod_b"])
+        await wait_for_policies(kube, agent, paths["node_b"], paths["pod_b"])
         yield {
             "names": (a, b),
             "namespace": namespace,
@@ -162,7 +158,7 @@ async def scene(
         }
     for node in (a, b):
         with contextlib.suppress(KubeError):
-            await request(api_client, "DELETE", f"/api/v1/nodes/{node}")
+            await kube.request("DELETE", f"/api/v1/nodes/{node}")
 
 
 async def test_node_agent_changes_only_its_node_and_its_pods_hami_annotations(
@@ -240,9 +236,7 @@ async def test_scheduler_changes_only_hami_annotations_and_binds(scene: dict[str
     )
 
 
-async def test_only_hami_writes_decision_annotations(
-    api_client: Any, scene: dict[str, Any]
-) -> None:
+async def test_only_hami_writes_decision_annotations(kube: Kube, scene: dict[str, Any]) -> None:
     namespace, pod_a = scene["namespace"], scene["pod_a"]
     forged = {
         "apiVersion": "v1",
@@ -254,21 +248,19 @@ async def test_only_hami_writes_decision_annotations(
         "spec": {"containers": [{"name": "c", "image": "busybox"}]},
     }
     with pytest.raises(KubeError) as refused:
-        await request(api_client, "POST", f"/api/v1/namespaces/{namespace}/pods", body=forged)
+        await kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=forged)
     assert refused.value.status == 403
     assert "hami.io/vgpu-devices-to-allocate" in str(refused.value)
     for change in ({"hami.io/bind-phase": "success"}, {"hami.io/gpu-devices-allocated": "x"}):
         with pytest.raises(KubeError, match="hami-decision-annotations"):
-            await request(
-                api_client,
+            await kube.request(
                 "PATCH",
                 pod_a,
                 body={"metadata": {"annotations": change}},
                 content_type=MERGE,
             )
     # other annotations, and hami's own roles, are not concerned
-    await request(
-        api_client,
+    await kube.request(
         "PATCH",
         pod_a,
         body={"metadata": {"annotations": {"team": "b"}}},
@@ -277,8 +269,7 @@ async def test_only_hami_writes_decision_annotations(
     allowed(await scene["node"].annotate(pod_a, {"hami.io/vgpu-devices-allocated": "x"}))
     # ...and a user cannot remove what hami wrote (it is the scheduler's usage record)
     with pytest.raises(KubeError, match=r"hami\.io/vgpu-devices-allocated"):
-        await request(
-            api_client,
+        await kube.request(
             "PATCH",
             pod_a,
             body={"metadata": {"annotations": {"hami.io/vgpu-devices-allocated": None}}},
@@ -287,35 +278,34 @@ async def test_only_hami_writes_decision_annotations(
 
 
 @contextlib.asynccontextmanager
-async def client_as(plane: Any, user: str, node: str = "") -> AsyncIterator[Any]:
-    """hami's own ApiClient, impersonating ``user`` (one request header per value)."""
-    async with open_client(str(plane.kubeconfig)) as api:
-        api.set_default_header("Impersonate-User", user)
+async def client_as(plane: Any, user: str, node: str = "") -> AsyncIterator[Kube]:
+    """hami's own client, impersonating ``user`` (one request header per value)."""
+    async with open_client(plane.kubeconfig) as kube:
+        kube.api.set_default_header("Impersonate-User", user)
         if node:
-            api.set_default_header(f"Impersonate-Extra-{quote(NODE_NAME_CLAIM, safe='')}", node)
-        yield api
+            claim = f"Impersonate-Extra-{quote(NODE_NAME_CLAIM, safe='')}"
+            kube.api.set_default_header(claim, node)
+        yield kube
 
 
 async def test_the_roles_own_calls_pass(controlplane: Any, scene: dict[str, Any]) -> None:
     """The requests hami's code really sends, through its own client, as each role."""
     namespace = scene["namespace"]
     a, b = scene["names"]
-    async with client_as(controlplane, NODE_SA, a) as api:
-        calls = kube_calls(api)
-        node = await calls.get_node(a)
+    async with client_as(controlplane, NODE_SA, a) as kube:
+        node = await kube.get_node(a)
         version = node["metadata"]["resourceVersion"]
-        await calls.patch_node(a, {keys.NODE_LOCK: None}, version)
-        assert [p["metadata"]["name"] for p in await calls.list_pods(f"spec.nodeName={a}")] == [
-            "on-a"
-        ]
-        await calls.get_pod(namespace, "pending")  # a lock holder not bound yet
-        await calls.patch_pod(namespace, "on-a", {keys.BIND_PHASE: "success"})
+        await kube.patch_node_annotations(a, {keys.NODE_LOCK: None}, version)
+        listed = await kube.list_pods(field_selector=f"spec.nodeName={a}")
+        assert [p["metadata"]["name"] for p in listed] == ["on-a"]
+        await kube.get_pod(namespace, "pending")  # a lock holder not bound yet
+        await kube.patch_pod_annotations(namespace, "on-a", {keys.BIND_PHASE: "success"})
         with pytest.raises(KubeError) as refused:
-            await calls.patch_pod(namespace, "on-b", {keys.BIND_PHASE: "success"})
+            await kube.patch_pod_annotations(namespace, "on-b", {keys.BIND_PHASE: "success"})
         assert refused.value.status == 403
-    async with client_as(controlplane, SCHEDULER_SA) as api:
-        await patch.patch_node_annotations(api, b, {keys.NODE_LOCK: "lock"}, None)
-        pod = await patch.get_pod(api, namespace, "pending")
-        await patch.patch_pod_annotations(api, namespace, "pending", {keys.VGPU_NODE: b})
-        await patch.bind_pod(api, namespace, "pending", pod["metadata"]["uid"], b)
-        assert await events.emit_pod_event(api, pod, "BindingSucceed", "bound") is True
+    async with client_as(controlplane, SCHEDULER_SA) as kube:
+        await kube.patch_node_annotations(b, {keys.NODE_LOCK: "lock"}, None)
+        pod = await kube.get_pod(namespace, "pending")
+        await kube.patch_pod_annotations(namespace, "pending", {keys.VGPU_NODE: b})
+        await kube.bind_pod(namespace, "pending", pod["metadata"]["uid"], b)
+        assert await events.emit_pod_event(kube, pod, "BindingSucceed", "bound") is True

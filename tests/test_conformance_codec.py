@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from _core_helpers import MLU, NOW, NVIDIA, node, register
-from test_node_unit import NODE, TO_ALLOC, MemoryKube, fake_backend
-from test_node_unit import pod as node_pod
+from _node_helpers import NODE, TO_ALLOC, MemoryKube, fake_backend
+from _node_helpers import pod as node_pod
 
 from hami import log
 from hami.core.cluster import Cluster
@@ -66,7 +66,7 @@ async def test_allocate_huge_integer_fails_the_pod_and_releases_the_lock(tmp_pat
     kube.add(node_pod("p", f"GPU-u-0,NVIDIA,{HUGE},0:;"))
     kube._merge(kube.nodes[NODE], {keys.NODE_LOCK: "2024-05-20T10:00:00Z,ns,p"})
     backend = fake_backend(tmp_path)
-    allocator = Allocator(NODE, kube.calls(), now=lambda: datetime(2024, 5, 20, 10, tzinfo=UTC))
+    allocator = Allocator(NODE, kube, now=lambda: datetime(2024, 5, 20, 10, tzinfo=UTC))
     with pytest.raises(AllocateError, match=r"ns/p.*int32"):
         await allocator.allocate(backend, [1], await backend.enumerate())
     assert kube.annotations("p")[keys.BIND_PHASE] == "failed"

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+from _cambricon_helpers import X4_1, backend, fake_cnmon
+from _cambricon_helpers import request as cambricon_request
 from _core_helpers import NOW
+from _node_helpers import ALLOCATED, NODE, TO_ALLOC, MemoryKube, counting_clock, fake_backend
+from _node_helpers import pod as node_pod
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from test_backend_cambricon import X4_1, backend, fake_cnmon
-from test_backend_cambricon import request as cambricon_request
-from test_node_unit import ALLOCATED, NODE, TO_ALLOC, MemoryKube, counting_clock, fake_backend
-from test_node_unit import pod as node_pod
 
 from hami import log
 from hami.backends.base import BackendSettings, Device
@@ -36,12 +35,11 @@ async def test_registrar_writes_nothing_when_the_devices_are_gone(tmp_path: Path
     state = DeviceState("fake", backend)
     state.bind_loop()
     state.set_enumerated(await backend.enumerate())
-    writes: list[dict[str, str | None]] = []
-
-    async def patch(annotations: Mapping[str, str | None]) -> None:
-        writes.append(dict(annotations))
-
-    registrar = Registrar(state, patch, period=30, metrics=NodeMetrics(), now=counting_clock())
+    kube = MemoryKube()
+    writes = kube.node_patches
+    registrar = Registrar(
+        state, kube, node=NODE, period=30, metrics=NodeMetrics(), now=counting_clock()
+    )
     assert await registrar.write_once()
     assert len(writes) == 1
     empty: list[Device] = []
@@ -113,7 +111,7 @@ def test_garbage_to_allocate_never_crashes_allocate(
         pending = True  # malformed: the pod is found, and failed
 
     async def run() -> None:
-        allocator = Allocator(NODE, kube.calls(), now=lambda: NOW)
+        allocator = Allocator(NODE, kube, now=lambda: NOW)
         try:
             plan = await allocator.allocate(backend, [1], await backend.enumerate())
         except AllocateError as exc:

@@ -25,7 +25,6 @@ import pytest_asyncio
 from _cluster_checks import assert_answers_within_devices, assert_not_overcommitted, running
 
 from hami import log
-from hami.kube import patch
 from hami.protocol import keys, parse_lock
 from hami.testkit.cluster import LocalCluster, NodeSpec, Timing, gpu_pod, limits, phase_of, poll
 from hami.testkit.controlplane import ControlPlane
@@ -54,7 +53,7 @@ async def cluster(controlplane: ControlPlane) -> AsyncIterator[LocalCluster]:
 async def _node_locks(cluster: LocalCluster) -> dict[str, str]:
     locks: dict[str, str] = {}
     for name in cluster.nodes:
-        node = await patch.get_node(cluster.api, name)
+        node = await cluster.kube.get_node(name)
         value = (node["metadata"].get("annotations") or {}).get(keys.NODE_LOCK)
         if value:
             locks[name] = value

@@ -26,7 +26,7 @@ import pytest
 from test_backend_nvidia import FakeGpu, FakeNvml, load_node
 
 from hami import cli
-from hami.backends.base import BackendSettings, Device
+from hami.backends.base import BackendSettings
 from hami.protocol import NodeDevice
 from hami.testkit import gpucheck, gpucheck_cuda
 from hami.testkit.controlplane import ControlPlane
@@ -561,15 +561,39 @@ async def test_step4_health_events_registered(mixed: FakeNvml, tmp_path: Path) -
     assert sorted(mixed.registered) == sorted(g.uuid for g in mixed.gpus)
 
 
-async def test_step4_device_without_xid_events(tmp_path: Path) -> None:
+async def test_step4_device_without_xid_events_is_skipped_saying_so(tmp_path: Path) -> None:
     class OldNvml(FakeNvml):
         def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
-            return 0
+            return int(pynvml.nvmlEventTypeSingleBitEccError)
 
     nvml = OldNvml([FakeGpu(0, "GPU-old", "Tesla K80", 12 * 2**30, "00000000:04:00.0")])
-    check = await gpucheck.step4_health(BackendSettings(), nvml, seconds=1.0)
+    check = await gpucheck.step4_health(BackendSettings(), nvml, seconds=5.0)
+    assert check.status == "SKIP", check.detail
+    assert "no Xid critical error events on GPU-old (supported event types 0x1)" in check.detail
+
+
+async def test_step4_registration_refused(tmp_path: Path) -> None:
+    """NotSupported from the driver: a skip; any other refusal: the device is marked
+    unhealthy by the backend, a failure."""
+
+    class Refusing(FakeNvml):
+        def __init__(self, gpus: list[FakeGpu], code: int) -> None:
+            super().__init__(gpus)
+            self.code = code
+
+        def nvmlDeviceRegisterEvents(self, handle: Any, types: int, event_set: object) -> None:
+            raise pynvml.NVMLError(self.code)
+
+    gpus = [FakeGpu(0, "GPU-vm", "NVIDIA H200", 2**37, "00000000:19:00.0")]
+    check = await gpucheck.step4_health(
+        BackendSettings(), Refusing(gpus, pynvml.NVML_ERROR_NOT_SUPPORTED), seconds=5.0
+    )
+    assert check.status == "SKIP", check.detail
+    check = await gpucheck.step4_health(
+        BackendSettings(), Refusing(gpus, pynvml.NVML_ERROR_UNKNOWN), seconds=1.0
+    )
     assert check.status == "FAIL"
-    assert "not registered on GPU-old" in check.detail
+    assert "marked GPU-vm unhealthy while registering" in check.detail
 
 
 def test_step4_topology_is_skipped_until_the_annotation_exists() -> None:
@@ -577,13 +601,6 @@ def test_step4_topology_is_skipped_until_the_annotation_exists() -> None:
     assert check.status == "SKIP"
     assert "not implemented yet" in check.detail
     assert "GPU0-GPU1 NODE" in check.detail
-
-
-def test_health_check_reports_unhealthy_devices() -> None:
-    devices = [Device("GPU-a", 0, "NVIDIA-X", 1024)]
-    check = gpucheck._health_check(devices, [("GPU-a", 8)], ["GPU-a"], 8)
-    assert check.status == "FAIL"
-    assert "marked GPU-a unhealthy" in check.detail
 
 
 # --------------------------------------------------------------------------- whole run

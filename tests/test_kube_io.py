@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from hami.kube import patch
+from hami.kube.client import Kube
 from hami.kube.events import emit_pod_event
 from hami.kube.objects import annotations_of
-from hami.kube.raw import JSON, Conflict, Gone, KubeError, NotFound, request
+from hami.kube.raw import JSON, Conflict, Gone, KubeError, NotFound
 from hami.kube.reflector import Reflector, object_key
 from hami.testkit.cluster import poll
 
@@ -30,65 +30,65 @@ def _pod(name: str, namespace: str, node: str | None = None) -> JSON:
     }
 
 
-async def _node(api: Any, name: str) -> JSON:
+async def _node(kube: Kube, name: str) -> JSON:
     body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
-    return await request(api, "POST", "/api/v1/nodes", body=body)
+    return await kube.request("POST", "/api/v1/nodes", body=body)
 
 
-async def test_merge_patch_sets_and_deletes_annotations(api_client: Any) -> None:
+async def test_merge_patch_sets_and_deletes_annotations(kube: Kube) -> None:
     name = f"n-{uuid.uuid4().hex[:8]}"
-    await _node(api_client, name)
+    await _node(kube, name)
     try:
-        await patch.patch_node_annotations(api_client, name, {"a": "1", "b": "2"})
-        node = await patch.patch_node_annotations(api_client, name, {"a": None})
+        await kube.patch_node_annotations(name, {"a": "1", "b": "2"})
+        node = await kube.patch_node_annotations(name, {"a": None})
         assert annotations_of(node) == {"b": "2"}
     finally:
-        await request(api_client, "DELETE", f"/api/v1/nodes/{name}")
+        await kube.request("DELETE", f"/api/v1/nodes/{name}")
 
 
-async def test_resource_version_guard_raises_conflict(api_client: Any) -> None:
+async def test_resource_version_guard_raises_conflict(kube: Kube) -> None:
     name = f"n-{uuid.uuid4().hex[:8]}"
-    created = await _node(api_client, name)
+    created = await _node(kube, name)
     stale = created["metadata"]["resourceVersion"]
     try:
-        await patch.patch_node_annotations(api_client, name, {"x": "first"}, stale)
+        await kube.patch_node_annotations(name, {"x": "first"}, stale)
         with pytest.raises(Conflict):
-            await patch.patch_node_annotations(api_client, name, {"x": "second"}, stale)
-        assert annotations_of(await patch.get_node(api_client, name))["x"] == "first"
+            await kube.patch_node_annotations(name, {"x": "second"}, stale)
+        assert annotations_of(await kube.get_node(name))["x"] == "first"
     finally:
-        await request(api_client, "DELETE", f"/api/v1/nodes/{name}")
+        await kube.request("DELETE", f"/api/v1/nodes/{name}")
 
 
-async def test_missing_objects_raise_not_found(api_client: Any) -> None:
+async def test_missing_objects_raise_not_found(kube: Kube) -> None:
     with pytest.raises(NotFound):
-        await patch.get_pod(api_client, "default", "no-such-pod")
+        await kube.get_pod("default", "no-such-pod")
 
 
-async def test_bind_and_event(api_client: Any, namespace: str) -> None:
+async def test_bind_and_event(kube: Kube, namespace: str) -> None:
     node = f"n-{uuid.uuid4().hex[:8]}"
-    await _node(api_client, node)
+    await _node(kube, node)
     try:
-        created = await request(
-            api_client, "POST", f"/api/v1/namespaces/{namespace}/pods", body=_pod("p", namespace)
+        created = await kube.request(
+            "POST", f"/api/v1/namespaces/{namespace}/pods", body=_pod("p", namespace)
         )
         uid = created["metadata"]["uid"]
-        await patch.bind_pod(api_client, namespace, "p", uid, node)
-        bound = await patch.get_pod(api_client, namespace, "p")
+        await kube.bind_pod(namespace, "p", uid, node)
+        bound = await kube.get_pod(namespace, "p")
         assert bound["spec"]["nodeName"] == node
         with pytest.raises(KubeError):  # a pod binds once
-            await patch.bind_pod(api_client, namespace, "p", uid, node)
-        assert await emit_pod_event(api_client, bound, "FilteringSucceed", "chose " + node)
-        events = await request(api_client, "GET", f"/api/v1/namespaces/{namespace}/events")
+            await kube.bind_pod(namespace, "p", uid, node)
+        assert await emit_pod_event(kube, bound, "FilteringSucceed", "chose " + node)
+        events = await kube.request("GET", f"/api/v1/namespaces/{namespace}/events")
         assert [(e["reason"], e["involvedObject"]["name"]) for e in events["items"]] == [
             ("FilteringSucceed", "p")
         ]
-        listed = await patch.list_pods(api_client, field_selector=f"spec.nodeName={node}")
+        listed = await kube.list_pods(field_selector=f"spec.nodeName={node}")
         assert [object_key(p) for p in listed] == [f"{namespace}/p"]
     finally:
-        await request(api_client, "DELETE", f"/api/v1/nodes/{node}")
+        await kube.request("DELETE", f"/api/v1/nodes/{node}")
 
 
-async def test_reflector_lists_watches_and_reports_deletes(api_client: Any, namespace: str) -> None:
+async def test_reflector_lists_watches_and_reports_deletes(kube: Kube, namespace: str) -> None:
     seen: dict[str, JSON] = {}
     log: list[tuple[str, str]] = []
 
@@ -101,24 +101,24 @@ async def test_reflector_lists_watches_and_reports_deletes(api_client: Any, name
             seen[key] = obj
 
     pods = f"/api/v1/namespaces/{namespace}/pods"
-    await request(api_client, "POST", pods, body=_pod("before", namespace))
-    reflector = Reflector(api_client, pods, handler, name="test")
+    await kube.request("POST", pods, body=_pod("before", namespace))
+    reflector = Reflector(kube, pods, handler, name="test")
     task = asyncio.create_task(reflector.run())
     try:
         await asyncio.wait_for(reflector.synced.wait(), 10)
         assert set(seen) == {f"{namespace}/before"}
-        await request(api_client, "POST", pods, body=_pod("after", namespace))
+        await kube.request("POST", pods, body=_pod("after", namespace))
         await poll(lambda: f"{namespace}/after" in seen)
-        await patch.patch_pod_annotations(api_client, namespace, "after", {"k": "v"})
+        await kube.patch_pod_annotations(namespace, "after", {"k": "v"})
         await poll(lambda: annotations_of(seen[f"{namespace}/after"]).get("k") == "v")
-        await request(api_client, "DELETE", f"{pods}/before", query=[("gracePeriodSeconds", 0)])
+        await kube.request("DELETE", f"{pods}/before", query=[("gracePeriodSeconds", 0)])
         await poll(lambda: f"{namespace}/before" not in seen)
         before = len(log)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         # Objects deleted while the reflector was down still arrive as DELETED on re-list.
-        await request(api_client, "DELETE", f"{pods}/after", query=[("gracePeriodSeconds", 0)])
+        await kube.request("DELETE", f"{pods}/after", query=[("gracePeriodSeconds", 0)])
         task = asyncio.create_task(reflector.run())
         await poll(lambda: f"{namespace}/after" not in seen)
         assert ("DELETED", f"{namespace}/after") in log[before:]
@@ -129,14 +129,14 @@ async def test_reflector_lists_watches_and_reports_deletes(api_client: Any, name
             await task
 
 
-async def test_reflector_relists_after_gone(api_client: Any, namespace: str) -> None:
+async def test_reflector_relists_after_gone(kube: Kube, namespace: str) -> None:
     kinds: list[str] = []
     pods = f"/api/v1/namespaces/{namespace}/pods"
-    reflector = Reflector(api_client, pods, lambda kind, obj: kinds.append(kind), name="gone")
+    reflector = Reflector(kube, pods, lambda kind, obj: kinds.append(kind), name="gone")
     # The API server's way of saying a watch version was compacted away.
     with pytest.raises(Gone):
-        reflector._on_line(b'{"type":"ERROR","object":{"kind":"Status","code":410}}')
-    await request(api_client, "POST", pods, body=_pod("a", namespace))
+        reflector._on_event({"type": "ERROR", "object": {"kind": "Status", "code": 410}})
+    await kube.request("POST", pods, body=_pod("a", namespace))
     lists = 0
     real_list, real_watch = reflector._list, reflector._watch
 
@@ -155,9 +155,46 @@ async def test_reflector_relists_after_gone(api_client: Any, namespace: str) -> 
     task = asyncio.create_task(reflector.run())
     try:
         await poll(lambda: lists == 2)
-        await request(api_client, "POST", pods, body=_pod("b", namespace))
+        await kube.request("POST", pods, body=_pod("b", namespace))
         await poll(lambda: kinds.count("ADDED") == 2)
         assert kinds == ["ADDED", "ADDED"]  # the re-list repeated nothing
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+async def test_reflector_lists_in_pages(kube: Kube, namespace: str) -> None:
+    """A big cluster's list arrives a page at a time (limit/continue), and the watch goes on
+    from the whole list's resourceVersion."""
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    for name in ("a", "b", "c"):
+        await kube.request("POST", pods, body=_pod(name, namespace))
+    seen: list[str] = []
+    reflector = Reflector(
+        kube,
+        pods,
+        lambda kind, obj: seen.append(f"{kind} {obj['metadata']['name']}"),
+        name="paged",
+        page_size=1,
+    )
+    pages: list[str] = []
+    real_request = kube.request
+
+    async def counting_request(method: str, path: str, **kwargs: Any) -> JSON:
+        answer = await real_request(method, path, **kwargs)
+        if path == pods and ("watch", "true") not in kwargs.get("query", ()):
+            pages.append(str(answer["metadata"].get("continue") or ""))
+        return answer
+
+    kube.request = counting_request  # type: ignore[method-assign]
+    task = asyncio.create_task(reflector.run())
+    try:
+        await asyncio.wait_for(reflector.synced.wait(), 20)
+        assert sorted(seen) == ["ADDED a", "ADDED b", "ADDED c"]
+        assert len(pages) == 3 and pages[-1] == ""  # three pages, the last without a token
+        await real_request("POST", pods, body=_pod("d", namespace))
+        await poll(lambda: "ADDED d" in seen)
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

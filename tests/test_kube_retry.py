@@ -1,4 +1,5 @@
-"""The one retry policy of hami.kube.raw, against a real HTTP server that misbehaves on cue.
+"""The one retry policy of hami.kube.client.Kube, against a real HTTP server that misbehaves
+on cue.
 
 The API server does not answer 429 or 503 on demand, so these use a small aiohttp server
 on loopback; paging is also checked against the real kube-apiserver (test_kube_io.py).
@@ -14,13 +15,13 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
+from hami.kube.client import Kube
 from hami.kube.raw import (
     NO_RETRY,
+    Gone,
     KubeError,
     RetryPolicy,
     Unreachable,
-    list_all,
-    request,
     should_retry,
     with_retry,
 )
@@ -47,12 +48,15 @@ class Server:
             )
         token = request.query.get("continue", "")
         if request.path == "/api/v1/configmaps":
-            return web.json_response(self.pages[token])
+            page = self.pages[token]
+            if isinstance(page, int):  # e.g. 410: the continue token expired
+                return web.json_response({"message": "continue token expired"}, status=page)
+            return web.json_response(page)
         return web.json_response({"ok": True, "method": request.method})
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[tuple[Server, client.ApiClient]]:
+async def server() -> AsyncIterator[tuple[Server, Kube]]:
     state = Server()
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", state.handle)
@@ -63,29 +67,29 @@ async def server() -> AsyncIterator[tuple[Server, client.ApiClient]]:
     port = runner.addresses[0][1]
     configuration = client.Configuration(host=f"http://127.0.0.1:{port}")
     async with client.ApiClient(configuration) as api:
-        yield state, api
+        yield state, Kube(api, FAST)
     await runner.cleanup()
 
 
 async def test_429_is_retried_and_retry_after_read(server: tuple[Server, Any]) -> None:
-    state, api = server
+    state, kube = server
     state.script = [(429, {"Retry-After": "0"}), (429, {"Retry-After": "0"})]
-    assert (await request(api, "GET", "/api/v1/nodes", retry=FAST))["ok"] is True
+    assert (await kube.request("GET", "/api/v1/nodes"))["ok"] is True
     assert len(state.seen) == 3
 
     state.seen.clear()
     state.script = [(429, {"Retry-After": "7"})]
     with pytest.raises(KubeError) as caught:
-        await request(api, "POST", "/api/v1/namespaces/x/events", body={}, retry=NO_RETRY)
+        await kube.with_retry(NO_RETRY).request("POST", "/api/v1/namespaces/x/events", body={})
     assert caught.value.status == 429
     assert caught.value.retry_after == 7.0
     assert len(state.seen) == 1
 
 
 async def test_5xx_retries_idempotent_methods_only(server: tuple[Server, Any]) -> None:
-    state, api = server
+    state, kube = server
     state.script = [(503, {}), (500, {})]
-    patched = await request(api, "PATCH", "/api/v1/nodes/a", body={}, retry=FAST)
+    patched = await kube.request("PATCH", "/api/v1/nodes/a", body={})
     assert patched["method"] == "PATCH"
     assert len(state.seen) == 3
 
@@ -93,25 +97,25 @@ async def test_5xx_retries_idempotent_methods_only(server: tuple[Server, Any]) -
     state.seen.clear()
     state.script = [(503, {})]
     with pytest.raises(KubeError) as caught:
-        await request(api, "POST", "/api/v1/namespaces/x/pods/p/binding", body={}, retry=FAST)
+        await kube.request("POST", "/api/v1/namespaces/x/pods/p/binding", body={})
     assert caught.value.status == 503
     assert len(state.seen) == 1
 
 
 async def test_client_errors_are_not_retried(server: tuple[Server, Any]) -> None:
-    state, api = server
+    state, kube = server
     state.script = [(404, {})]
     with pytest.raises(KubeError) as caught:
-        await request(api, "GET", "/api/v1/nodes/none", retry=FAST)
+        await kube.request("GET", "/api/v1/nodes/none")
     assert caught.value.status == 404
     assert len(state.seen) == 1
 
 
 async def test_retries_stop_after_the_policy(server: tuple[Server, Any]) -> None:
-    state, api = server
+    state, kube = server
     state.script = [(503, {})] * 10
     with pytest.raises(KubeError) as caught:
-        await request(api, "GET", "/api/v1/nodes", retry=FAST)
+        await kube.request("GET", "/api/v1/nodes")
     assert caught.value.status == 503
     assert len(state.seen) == FAST.retries + 1
 
@@ -134,7 +138,7 @@ async def test_refused_connection_is_retried_even_for_post() -> None:
         with pytest.raises(Unreachable) as caught:
             await with_retry(
                 "POST",
-                lambda: request(api, "POST", "/api/v1/namespaces/x/events", retry=NO_RETRY),
+                lambda: Kube(api, NO_RETRY).request("POST", "/api/v1/namespaces/x/events"),
                 RetryPolicy(retries=2, base=0.001),
                 sleep,
             )
@@ -178,16 +182,42 @@ async def test_back_off_grows_is_capped_and_jittered() -> None:
 
 
 async def test_list_all_follows_continue_tokens(server: tuple[Server, Any]) -> None:
-    state, api = server
+    state, kube = server
     state.pages = {
         "": {"metadata": {"continue": "t1", "resourceVersion": "10"}, "items": [{"n": 1}]},
         "t1": {"metadata": {"continue": "t2", "resourceVersion": "10"}, "items": [{"n": 2}]},
         "t2": {"metadata": {"resourceVersion": "10"}, "items": [{"n": 3}]},
     }
-    items, version = await list_all(api, "/api/v1/configmaps", page_size=1)
+    items, version = await kube.list_all("/api/v1/configmaps", page_size=1)
     assert [i["n"] for i in items] == [1, 2, 3]
     assert version == "10"
     assert all("limit=1" in path for _m, path in state.seen)
+
+
+async def test_an_expired_continue_token_raises_gone(server: tuple[Server, Any]) -> None:
+    """The caller (a reflector) lists again from the start: items of a half-read list are
+    not returned as if they were the whole."""
+    state, kube = server
+    state.pages = {
+        "": {"metadata": {"continue": "t1", "resourceVersion": "10"}, "items": [{"n": 1}]},
+        "t1": 410,
+    }
+    with pytest.raises(Gone):
+        await kube.list_all("/api/v1/configmaps", page_size=1)
+    assert len(state.seen) == 2  # 410 is not retried
+
+
+async def test_with_retry_keeps_the_session_and_changes_the_policy(
+    server: tuple[Server, Any],
+) -> None:
+    state, kube = server
+    patient = kube.with_retry(RetryPolicy(retries=6, base=0.001, cap=0.002))
+    assert patient.api is kube.api and patient.retry.retries == 6
+    state.script = [(503, {})] * 5  # more than FAST's 3 retries, fewer than 6
+    assert (await patient.request("GET", "/api/v1/nodes"))["ok"] is True
+    state.script = [(503, {})] * 5
+    with pytest.raises(KubeError):
+        await kube.request("GET", "/api/v1/nodes")
 
 
 async def test_time_budget_ends_retries_before_the_count_does() -> None:

@@ -14,6 +14,7 @@ from grpclib.exceptions import GRPCError
 from grpclib.server import Server, Stream
 
 from hami._proto.v1beta1 import api_grpc, api_pb2
+from hami.kube.client import Kube, pod_path, pods_path
 from hami.testkit import KubeletEmulator
 
 RESOURCE = "example.com/widget"
@@ -174,45 +175,45 @@ def _pod(name: str, node: str, containers: list[Any], init: list[Any] | None = N
     return {"metadata": {"name": name}, "spec": spec}
 
 
-async def _allocatable(core_v1: Any, node: str) -> tuple[str | None, str | None]:
-    got = await core_v1.read_node(node)
-    return got.status.capacity.get(RESOURCE), got.status.allocatable.get(RESOURCE)
+async def _allocatable(kube: Kube, node: str) -> tuple[str | None, str | None]:
+    got = await kube.get_node(node)
+    return got["status"]["capacity"].get(RESOURCE), got["status"]["allocatable"].get(RESOURCE)
 
 
-async def test_node_is_registered_ready_with_labels(core_v1: Any, kubelet_factory: Any) -> None:
+async def test_node_is_registered_ready_with_labels(kube: Kube, kubelet_factory: Any) -> None:
     node = _node_name()
     await kubelet_factory(node, labels={"gpu": "on"}, heartbeat_interval=0.2)
-    got = await core_v1.read_node(node)
-    assert got.metadata.labels["kubernetes.io/hostname"] == node
-    assert got.metadata.labels["gpu"] == "on"
-    ready = [c for c in got.status.conditions if c.type == "Ready"]
-    assert ready and ready[0].status == "True"
-    first = ready[0].last_heartbeat_time
+    got = await kube.get_node(node)
+    assert got["metadata"]["labels"]["kubernetes.io/hostname"] == node
+    assert got["metadata"]["labels"]["gpu"] == "on"
+    ready = [c for c in got["status"]["conditions"] if c["type"] == "Ready"]
+    assert ready and ready[0]["status"] == "True"
+    first = ready[0]["lastHeartbeatTime"]
     async with asyncio.timeout(10):
         while True:
             await asyncio.sleep(0.3)
-            got = await core_v1.read_node(node)
-            beat = next(c for c in got.status.conditions if c.type == "Ready")
-            if beat.last_heartbeat_time > first:
+            got = await kube.get_node(node)
+            beat = next(c for c in got["status"]["conditions"] if c["type"] == "Ready")
+            if beat["lastHeartbeatTime"] > first:
                 break
 
 
 async def test_plugin_devices_show_in_allocatable_and_follow_health(
-    core_v1: Any, kubelet_factory: Any
+    kube: Kube, kubelet_factory: Any
 ) -> None:
     node = _node_name()
     kubelet: KubeletEmulator = await kubelet_factory(node)
     async with running(FakePlugin(kubelet.plugin_dir, ["w0", "w1", "w2", "w3"])) as plugin:
         await kubelet.wait_for_resource(RESOURCE, healthy=4)
-        assert await _allocatable(core_v1, node) == ("4", "4")
+        assert await _allocatable(kube, node) == ("4", "4")
         plugin.set_health("w2", "Unhealthy")
         await kubelet.wait_for_resource(RESOURCE, healthy=3)
-        assert await _allocatable(core_v1, node) == ("4", "3")
+        assert await _allocatable(kube, node) == ("4", "3")
     assert kubelet.registrations[0].endpoint == plugin.endpoint
 
 
 async def test_bound_pod_gets_allocate_in_container_order_and_runs(
-    core_v1: Any, namespace: str, kubelet_factory: Any
+    kube: Kube, namespace: str, kubelet_factory: Any
 ) -> None:
     node = _node_name()
     kubelet: KubeletEmulator = await kubelet_factory(node)
@@ -224,7 +225,7 @@ async def test_bound_pod_gets_allocate_in_container_order_and_runs(
             [_container("a", 2), _container("plain", None), _container("b", 1)],
             init=[_container("setup", 1)],
         )
-        await core_v1.create_namespaced_pod(namespace, pod)
+        await kube.create(pods_path(namespace), pod)
         adm = await kubelet.wait_for_admission(namespace, "p")
         assert adm.phase == "Running", adm.message
         assert [(c.container, c.init) for c in adm.containers] == [
@@ -238,55 +239,55 @@ async def test_bound_pod_gets_allocate_in_container_order_and_runs(
         assert adm.envs == {"setup": {"WIDGETS": "w0"}, "a": {"WIDGETS": "w0,w1"},
                             "b": {"WIDGETS": "w2"}}  # fmt: skip
         assert adm.for_container("b")[0].response.annotations["call"] == "3"
-        got = await core_v1.read_namespaced_pod("p", namespace)
-        assert got.status.phase == "Running"
-        assert [s.name for s in got.status.container_statuses] == ["a", "plain", "b"]
+        got = await kube.get_pod(namespace, "p")
+        assert got["status"]["phase"] == "Running"
+        assert [s["name"] for s in got["status"]["containerStatuses"]] == ["a", "plain", "b"]
 
         # a second pod gets what is left; deleting the first frees its devices
-        await core_v1.create_namespaced_pod(namespace, _pod("q", node, [_container("c", 1)]))
+        await kube.create(pods_path(namespace), _pod("q", node, [_container("c", 1)]))
         assert (await kubelet.wait_for_admission(namespace, "q")).containers[0].device_ids == ["w3"]
-        await core_v1.delete_namespaced_pod("p", namespace)
+        await kube.delete(pod_path(namespace, "p"))
         await kubelet.wait_for(lambda: kubelet.admissions[(namespace, "p")].deleted)
-        await core_v1.create_namespaced_pod(namespace, _pod("r", node, [_container("d", 3)]))
+        await kube.create(pods_path(namespace), _pod("r", node, [_container("d", 3)]))
         adm = await kubelet.wait_for_admission(namespace, "r")
         assert adm.phase == "Running", adm.message
         assert adm.containers[0].device_ids == ["w0", "w1", "w2"]
 
 
 async def test_preferred_allocation_is_asked_when_offered(
-    core_v1: Any, namespace: str, kubelet_factory: Any
+    kube: Kube, namespace: str, kubelet_factory: Any
 ) -> None:
     node = _node_name()
     kubelet: KubeletEmulator = await kubelet_factory(node)
     devices = ["w0", "w1", "w2"]
     async with running(FakePlugin(kubelet.plugin_dir, devices, preferred=True)) as plugin:
         await kubelet.wait_for_resource(RESOURCE, healthy=3)
-        await core_v1.create_namespaced_pod(namespace, _pod("p", node, [_container("a", 2)]))
+        await kube.create(pods_path(namespace), _pod("p", node, [_container("a", 2)]))
         adm = await kubelet.wait_for_admission(namespace, "p")
         assert plugin.preferred_calls == [(devices, 2)]
         assert adm.containers[0].device_ids == ["w2", "w1"]
 
 
 async def test_failed_allocate_fails_the_pod_like_kubelet(
-    core_v1: Any, namespace: str, kubelet_factory: Any
+    kube: Kube, namespace: str, kubelet_factory: Any
 ) -> None:
     node = _node_name()
     kubelet: KubeletEmulator = await kubelet_factory(node)
     async with running(FakePlugin(kubelet.plugin_dir, ["w0"], fail_allocate="no luck")):
         await kubelet.wait_for_resource(RESOURCE, healthy=1)
-        await core_v1.create_namespaced_pod(namespace, _pod("p", node, [_container("a", 1)]))
-        await core_v1.create_namespaced_pod(namespace, _pod("big", node, [_container("a", 2)]))
+        await kube.create(pods_path(namespace), _pod("p", node, [_container("a", 1)]))
+        await kube.create(pods_path(namespace), _pod("big", node, [_container("a", 2)]))
         for name, text in (("p", "no luck"), ("big", "Requested: 2, Available: 1")):
             adm = await kubelet.wait_for_admission(namespace, name)
             assert adm.phase == "Failed"
-            got = await core_v1.read_namespaced_pod(name, namespace)
-            assert got.status.phase == "Failed"
-            assert got.status.reason == "UnexpectedAdmissionError"
-            assert text in got.status.message
+            got = await kube.get_pod(namespace, name)
+            assert got["status"]["phase"] == "Failed"
+            assert got["status"]["reason"] == "UnexpectedAdmissionError"
+            assert text in got["status"]["message"]
 
 
 async def test_restart_makes_the_plugin_register_again(
-    core_v1: Any, namespace: str, kubelet_factory: Any
+    kube: Kube, namespace: str, kubelet_factory: Any
 ) -> None:
     node = _node_name()
     kubelet: KubeletEmulator = await kubelet_factory(node)
@@ -296,7 +297,7 @@ async def test_restart_makes_the_plugin_register_again(
         assert kubelet.plugins[RESOURCE].connected is False
         await kubelet.wait_for(lambda: len(kubelet.registrations) == 2, timeout=10)
         await kubelet.wait_for_resource(RESOURCE, healthy=2)
-        assert await _allocatable(core_v1, node) == ("2", "2")
-        await core_v1.create_namespaced_pod(namespace, _pod("p", node, [_container("a", 2)]))
+        assert await _allocatable(kube, node) == ("2", "2")
+        await kube.create(pods_path(namespace), _pod("p", node, [_container("a", 2)]))
         adm = await kubelet.wait_for_admission(namespace, "p")
         assert adm.phase == "Running", adm.message

@@ -8,13 +8,11 @@ import asyncio
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
-from unittest import mock
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hami.config import SchedulerConfig
-from hami.kube import patch as kube_patch
 from hami.kube.nodelock import LockRules, held_longer_than, judge_holder, judge_value
 from hami.kube.raw import NotFound
 from hami.node.allocate import choose_pod
@@ -197,24 +195,45 @@ def test_any_lock_value_gives_the_scheduler_a_decision(
     assert isinstance(_scheduler_decision(value, pod, now), NodeLock | None)
 
 
-def _scheduler_decision(value: str | None, pod: dict[str, Any] | None, now: datetime) -> Any:
-    """``Scheduler._live_holder`` (bind's lock decision) with the API calls stubbed."""
-    scheduler = Scheduler(SchedulerConfig(), [], object(), clock=Clock(now=lambda: now))
-    scheduler.emit_events = False
+class StubKube:
+    """The scheduler's API calls over one Node and one (maybe missing) lock holder pod;
+    every patch succeeds."""
 
-    async def get_pod(api: Any, namespace: str, name: str) -> dict[str, Any]:
-        if pod is None:
+    def __init__(self, node: dict[str, Any] | None, pod: dict[str, Any] | None) -> None:
+        self.node = node
+        self.pod = pod
+
+    async def get_node(self, name: str) -> dict[str, Any]:
+        assert self.node is not None
+        return self.node
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        if self.pod is None:
             raise NotFound(404, "NotFound", "not found", "/pods")
-        return pod
+        return self.pod
 
-    async def patch_pod(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    async def patch_pod_annotations(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         return {}
 
-    with (
-        mock.patch.object(kube_patch, "get_pod", get_pod),
-        mock.patch.object(kube_patch, "patch_pod_annotations", patch_pod),
-    ):
-        return asyncio.run(scheduler._live_holder(value, NODE, "ns", "me"))
+    async def patch_node_annotations(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {}
+
+
+def _scheduler(kube: StubKube, now: datetime) -> Scheduler:
+    scheduler = Scheduler(
+        SchedulerConfig(),
+        [],
+        kube,  # type: ignore[arg-type]
+        clock=Clock(now=lambda: now),
+        emit_events=False,
+    )
+    return scheduler
+
+
+def _scheduler_decision(value: str | None, pod: dict[str, Any] | None, now: datetime) -> Any:
+    """``Scheduler._live_holder`` (bind's lock decision) with the API calls stubbed."""
+    scheduler = _scheduler(StubKube(None, pod), now)
+    return asyncio.run(scheduler._live_holder(value, NODE, "ns", "me"))
 
 
 @settings(max_examples=200, deadline=None)
@@ -224,31 +243,13 @@ def test_any_lock_on_a_node_passes_the_watch_and_the_sweep(
 ) -> None:
     """Node watch event -> the scheduler's parsed lock -> the periodic sweep: no exception."""
     now = at(offset)
-    scheduler = Scheduler(SchedulerConfig(), [], object(), clock=Clock(now=lambda: now))
-    scheduler.emit_events = False
     annotations = {keys.NODE_LOCK: value} if value is not None else {}
     node = {"metadata": {"name": NODE, "resourceVersion": "7", "annotations": annotations}}
     pod = holder(bind_time=str(int(NOW.timestamp()))) if exists else None
-
-    async def get_node(api: Any, name: str) -> dict[str, Any]:
-        return node
-
-    async def get_pod(api: Any, namespace: str, name: str) -> dict[str, Any]:
-        if pod is None:
-            raise NotFound(404, "NotFound", "not found", "/pods")
-        return pod
-
-    async def patched(*args: Any, **kwargs: Any) -> dict[str, Any]:
-        return {}
+    scheduler = _scheduler(StubKube(node, pod), now)
 
     async def run() -> None:
         scheduler.on_node("ADDED", node)
         await scheduler.release_stale_locks()
 
-    with (
-        mock.patch.object(kube_patch, "get_node", get_node),
-        mock.patch.object(kube_patch, "get_pod", get_pod),
-        mock.patch.object(kube_patch, "patch_pod_annotations", patched),
-        mock.patch.object(kube_patch, "patch_node_annotations", patched),
-    ):
-        asyncio.run(run())
+    asyncio.run(run())

@@ -15,8 +15,6 @@ import pytest_asyncio
 
 from hami import log
 from hami.config import Duration
-from hami.kube import patch
-from hami.kube.raw import request
 from hami.protocol import keys, parse_lock
 from hami.testkit.cluster import LocalCluster, NodeSpec, Timing, gpu_pod, limits, phase_of, poll
 from hami.testkit.controlplane import ControlPlane
@@ -42,7 +40,7 @@ async def cluster(controlplane: ControlPlane) -> AsyncIterator[LocalCluster]:
 
 
 async def _lock(cluster: LocalCluster) -> str | None:
-    node = await patch.get_node(cluster.api, NODE.name)
+    node = await cluster.kube.get_node(NODE.name)
     value: str | None = (node["metadata"].get("annotations") or {}).get(keys.NODE_LOCK)
     return value
 
@@ -73,8 +71,7 @@ async def test_a_lost_allocate_holds_the_node_only_for_the_allocation_timeout(
 
     lost = await cluster.get_pod("lost")
     assert lost["metadata"]["annotations"][keys.BIND_PHASE] == "failed"
-    events = await request(
-        cluster.api,
+    events = await cluster.kube.request(
         "GET",
         f"/api/v1/namespaces/{cluster.namespace}/events",
         query=[("fieldSelector", "involvedObject.name=lost")],

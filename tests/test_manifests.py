@@ -17,7 +17,8 @@ from _manifest_helpers import apply, documents
 
 from hami import config
 from hami.backends import registry
-from hami.kube.raw import Conflict, request
+from hami.kube.client import Kube
+from hami.kube.raw import Conflict
 
 pytestmark = pytest.mark.controlplane
 
@@ -51,12 +52,12 @@ SERVICE_MONITOR_CRD = {
 }
 
 
-async def _ensure(api: Any, path: str, body: dict[str, Any]) -> None:
+async def _ensure(kube: Kube, path: str, body: dict[str, Any]) -> None:
     with contextlib.suppress(Conflict):  # already there from an earlier test
-        await request(api, "POST", path, body=body)
+        await kube.request("POST", path, body=body)
 
 
-async def test_every_manifest_passes_server_side_dry_run(api_client: Any) -> None:
+async def test_every_manifest_passes_server_side_dry_run(kube: Kube) -> None:
     docs = documents()
     kinds = {doc["kind"] for doc in docs}
     assert {
@@ -70,28 +71,28 @@ async def test_every_manifest_passes_server_side_dry_run(api_client: Any) -> Non
     } <= kinds
     # Namespaced objects need their namespace to exist even in a dry run.
     await _ensure(
-        api_client,
+        kube,
         "/api/v1/namespaces",
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "hami-system"}},
     )
     await _ensure(
-        api_client, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", SERVICE_MONITOR_CRD
+        kube, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", SERVICE_MONITOR_CRD
     )
     for doc in docs:
         if doc["kind"] == "ServiceMonitor":
-            await _wait_for_crd(api_client)
-        created = await apply(api_client, doc, dry_run=True)
+            await _wait_for_crd(kube)
+        created = await apply(kube, doc, dry_run=True)
         assert created["kind"] == doc["kind"], created
         assert created["metadata"]["name"] == doc["metadata"]["name"]
 
 
-async def _wait_for_crd(api: Any) -> None:
+async def _wait_for_crd(kube: Kube) -> None:
     path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" + (
         "servicemonitors.monitoring.coreos.com"
     )
     async with asyncio.timeout(20):
         while True:
-            crd = await request(api, "GET", path)
+            crd = await kube.request("GET", path)
             conditions = (crd.get("status") or {}).get("conditions") or []
             if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
                 # Discovery of the new group can lag the condition a little.

@@ -20,7 +20,7 @@ from hami import log
 from hami.backends.base import BackendSettings
 from hami.backends.fake import FakeBackend
 from hami.config import Config
-from hami.kube import patch
+from hami.kube.client import Kube
 from hami.node import NodeAgent
 from hami.protocol import keys
 from hami.testkit import ControlPlane, KubeletEmulator
@@ -108,8 +108,8 @@ async def agent_factory(controlplane: ControlPlane, host_dir: Path) -> AsyncIter
             await task
 
 
-async def node_annotations(api: Any, name: str) -> dict[str, str]:
-    node = await patch.get_node(api, name)
+async def node_annotations(kube: Kube, name: str) -> dict[str, str]:
+    node = await kube.get_node(name)
     found: dict[str, str] = node["metadata"].get("annotations") or {}
     return found
 
@@ -118,7 +118,7 @@ async def node_annotations(api: Any, name: str) -> dict[str, str]:
 
 
 async def test_registration_annotations_and_heartbeat(
-    kubelet_factory: Any, agent_factory: AgentFactory, api_client: Any
+    kubelet_factory: Any, agent_factory: AgentFactory, kube: Kube
 ) -> None:
     node = unique("n-reg")
     kubelet = await kubelet_factory(node)
@@ -126,14 +126,14 @@ async def test_registration_annotations_and_heartbeat(
     seen: list[str] = []
 
     async def four_heartbeats() -> bool:
-        annotations = await node_annotations(api_client, node)
+        annotations = await node_annotations(kube, node)
         value = annotations.get(HANDSHAKE)
         if value and (not seen or seen[-1] != value):
             seen.append(value)
         return len(seen) >= 4
 
     await poll(four_heartbeats, 20, "4 distinct heartbeats")
-    annotations = await node_annotations(api_client, node)
+    annotations = await node_annotations(kube, node)
     assert annotations[REGISTER] == (
         f"GPU-{node}-0,{SPLIT},32768,100,NVIDIA-Tesla V100-PCIE-32GB,0,true:"
         f"GPU-{node}-1,{SPLIT},32768,100,NVIDIA-Tesla V100-PCIE-32GB,0,true:"
@@ -148,7 +148,7 @@ async def test_registration_annotations_and_heartbeat(
 
 
 async def test_kubelet_restart_reregisters_and_restores_allocatable(
-    kubelet_factory: Any, agent_factory: AgentFactory, api_client: Any
+    kubelet_factory: Any, agent_factory: AgentFactory, kube: Kube
 ) -> None:
     node = unique("n-rst")
     kubelet = await kubelet_factory(node)
@@ -157,7 +157,7 @@ async def test_kubelet_restart_reregisters_and_restores_allocatable(
     assert len(kubelet.registrations) == 1
 
     async def allocatable(expected: str) -> bool:
-        obj = await patch.get_node(api_client, node)
+        obj = await kube.get_node(node)
         return bool(obj.get("status", {}).get("allocatable", {}).get(RESOURCE) == expected)
 
     await poll(lambda: allocatable(str(2 * SPLIT)), 10, "allocatable 8")
@@ -181,7 +181,7 @@ def gpu_container(name: str, count: int, env: list[dict[str, str]] | None = None
 
 
 async def create_bound_pod(
-    api: Any,
+    kube: Kube,
     namespace: str,
     node: str,
     name: str,
@@ -205,9 +205,7 @@ async def create_bound_pod(
         annotations[TO_ALLOC] = value
     if lock:
         stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        await patch.patch_node_annotations(
-            api, node, {keys.NODE_LOCK: f"{stamp},{namespace},{name}"}
-        )
+        await kube.patch_node_annotations(node, {keys.NODE_LOCK: f"{stamp},{namespace},{name}"})
     spec: dict[str, Any] = {"nodeName": node, "containers": containers}
     if init:
         spec["initContainers"] = init
@@ -217,9 +215,7 @@ async def create_bound_pod(
         "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
         "spec": spec,
     }
-    from hami.kube.raw import request
-
-    await request(api, "POST", f"/api/v1/namespaces/{namespace}/pods", body=body)
+    await kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=body)
 
 
 def mounts(response: Any) -> list[tuple[str, str, bool]]:
@@ -259,7 +255,7 @@ async def test_allocate_from_annotations(
     case: str,
     kubelet_factory: Any,
     agent_factory: AgentFactory,
-    api_client: Any,
+    kube: Kube,
     namespace: str,
     host_dir: Path,
 ) -> None:
@@ -272,7 +268,7 @@ async def test_allocate_from_annotations(
     value = template.format(a=a, b=b)
     init = [gpu_container(f"init{i}", n) for i, n in enumerate(init_counts)]
     containers = [gpu_container(f"c{i}", n) for i, n in enumerate(counts)]
-    await create_bound_pod(api_client, namespace, node, "p", value, containers, init)
+    await create_bound_pod(kube, namespace, node, "p", value, containers, init)
     admission = await kubelet.wait_for_admission(namespace, "p")
     assert admission.phase == "Running", admission.message
 
@@ -303,16 +299,16 @@ async def test_allocate_from_annotations(
         # GetPreferredAllocation steered kubelet to replicas of the chosen devices.
         assert sorted(d.rsplit("-", 1)[0] for d in call.device_ids) == sorted(uuids)
 
-    pod = await patch.get_pod(api_client, namespace, "p")
+    pod = await kube.get_pod(namespace, "p")
     annotations = pod["metadata"]["annotations"]
     assert annotations[TO_ALLOC] == final
     assert annotations[ALLOCATED] == value
     assert annotations[keys.BIND_PHASE] == "success"
-    assert keys.NODE_LOCK not in await node_annotations(api_client, node)
+    assert keys.NODE_LOCK not in await node_annotations(kube, node)
 
 
 async def test_disable_control_drops_the_preload_mount(
-    kubelet_factory: Any, agent_factory: AgentFactory, api_client: Any, namespace: str
+    kubelet_factory: Any, agent_factory: AgentFactory, kube: Kube, namespace: str
 ) -> None:
     node = unique("n-ctl")
     kubelet = await kubelet_factory(node)
@@ -320,7 +316,7 @@ async def test_disable_control_drops_the_preload_mount(
     await kubelet.wait_for_resource(RESOURCE, healthy=2 * SPLIT)
     env = [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]
     await create_bound_pod(
-        api_client,
+        kube,
         namespace,
         node,
         "p",
@@ -338,7 +334,7 @@ async def test_disable_control_drops_the_preload_mount(
 
 
 async def test_failures_answer_kubelet_mark_failed_and_keep_serving(
-    kubelet_factory: Any, agent_factory: AgentFactory, api_client: Any, namespace: str
+    kubelet_factory: Any, agent_factory: AgentFactory, kube: Kube, namespace: str
 ) -> None:
     node = unique("n-fail")
     kubelet = await kubelet_factory(node)
@@ -348,7 +344,7 @@ async def test_failures_answer_kubelet_mark_failed_and_keep_serving(
 
     # No pending pod: a pod that asks for the resource but was not placed by HAMi.
     await create_bound_pod(
-        api_client, namespace, node, "stray", None, [gpu_container("c0", 1)], lock=False
+        kube, namespace, node, "stray", None, [gpu_container("c0", 1)], lock=False
     )
     admission = await kubelet.wait_for_admission(namespace, "stray")
     assert admission.phase == "Failed"
@@ -359,19 +355,17 @@ async def test_failures_answer_kubelet_mark_failed_and_keep_serving(
         "mismatch": (good, 2, "device count mismatch"),
     }
     for name, (value, count, cause) in cases.items():
-        await create_bound_pod(
-            api_client, namespace, node, name, value, [gpu_container("c0", count)]
-        )
+        await create_bound_pod(kube, namespace, node, name, value, [gpu_container("c0", count)])
         admission = await kubelet.wait_for_admission(namespace, name)
         assert admission.phase == "Failed", name
         assert f"pod {namespace}/{name}" in str(admission.message)
         assert cause in str(admission.message)
-        pod = await patch.get_pod(api_client, namespace, name)
+        pod = await kube.get_pod(namespace, name)
         assert pod["metadata"]["annotations"][keys.BIND_PHASE] == "failed"
-        assert keys.NODE_LOCK not in await node_annotations(api_client, node)
+        assert keys.NODE_LOCK not in await node_annotations(kube, node)
 
     # Still serving: a good pod starts.
-    await create_bound_pod(api_client, namespace, node, "ok", good, [gpu_container("c0", 1)])
+    await create_bound_pod(kube, namespace, node, "ok", good, [gpu_container("c0", 1)])
     admission = await kubelet.wait_for_admission(namespace, "ok")
     assert admission.phase == "Running", admission.message
     metrics = agent.metrics.render().decode()
@@ -429,7 +423,7 @@ async def test_api_server_outage_retries_and_recovers(
     controlplane: ControlPlane,
     kubelet_factory: Any,
     agent_factory: AgentFactory,
-    api_client: Any,
+    kube: Kube,
     host_dir: Path,
 ) -> None:
     node = unique("n-out")
@@ -445,7 +439,7 @@ async def test_api_server_outage_retries_and_recovers(
         registrar = agent.registrars["fake"]
 
         async def registered() -> bool:
-            return REGISTER in await node_annotations(api_client, node)
+            return REGISTER in await node_annotations(kube, node)
 
         await poll(registered, 10, "first registration")
         await proxy.stop()
@@ -454,11 +448,11 @@ async def test_api_server_outage_retries_and_recovers(
             return registrar.failures >= 2
 
         await poll(failing, 20, "failed heartbeats while the API server is away")
-        before = (await node_annotations(api_client, node))[HANDSHAKE]
+        before = (await node_annotations(kube, node))[HANDSHAKE]
         await proxy.start()
 
         async def recovered() -> bool:
-            value = (await node_annotations(api_client, node)).get(HANDSHAKE)
+            value = (await node_annotations(kube, node)).get(HANDSHAKE)
             return registrar.failures == 0 and value != before
 
         await poll(recovered, 20, "heartbeat after the API server came back")
@@ -470,7 +464,7 @@ async def test_api_server_outage_retries_and_recovers(
 
 
 async def test_http_endpoints(
-    kubelet_factory: Any, agent_factory: AgentFactory, api_client: Any
+    kubelet_factory: Any, agent_factory: AgentFactory, kube: Kube
 ) -> None:
     import aiohttp
 
@@ -510,7 +504,7 @@ class EventFake(FakeBackend):
 
 
 async def test_unhealthy_device_reaches_kubelet_and_node_at_once(
-    kubelet_factory: Any, agent_factory: AgentFactory, api_client: Any, host_dir: Path
+    kubelet_factory: Any, agent_factory: AgentFactory, kube: Kube, host_dir: Path
 ) -> None:
     node = unique("n-hlth")
     kubelet = await kubelet_factory(node)
@@ -524,7 +518,7 @@ async def test_unhealthy_device_reaches_kubelet_and_node_at_once(
     await kubelet.wait_for_resource(RESOURCE, healthy=SPLIT, timeout=10)
 
     async def marked() -> bool:
-        value = (await node_annotations(api_client, node)).get(REGISTER, "")
+        value = (await node_annotations(kube, node)).get(REGISTER, "")
         return f"GPU-{node}-1,{SPLIT},32768,100,NVIDIA-Tesla V100-PCIE-32GB,0,false:" in value
 
     await poll(marked, 10, "healthy=false in the register annotation")

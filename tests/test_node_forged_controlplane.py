@@ -16,8 +16,7 @@ from hami import log
 from hami.backends.base import BackendSettings
 from hami.backends.fake import FakeBackend
 from hami.config import Config
-from hami.kube import patch
-from hami.kube.raw import request
+from hami.kube.client import Kube
 from hami.node import NodeAgent
 from hami.protocol import keys
 from hami.testkit import ControlPlane
@@ -26,7 +25,7 @@ RESOURCE = "nvidia.com/gpu"
 TO_ALLOC = "hami.io/vgpu-devices-to-allocate"
 
 
-async def forge(api: Any, namespace: str, node: str, name: str, value: str) -> None:
+async def forge(kube: Kube, namespace: str, node: str, name: str, value: str) -> None:
     annotations = {
         keys.VGPU_NODE: node,
         keys.BIND_PHASE: "allocating",
@@ -41,11 +40,11 @@ async def forge(api: Any, namespace: str, node: str, name: str, value: str) -> N
         "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
         "spec": {"nodeName": node, "containers": [container]},
     }
-    await request(api, "POST", f"/api/v1/namespaces/{namespace}/pods", body=body)
+    await kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=body)
 
 
 async def test_forged_decisions_fail_the_pod_not_the_node(
-    controlplane: ControlPlane, kubelet_factory: Any, api_client: Any, namespace: str
+    controlplane: ControlPlane, kubelet_factory: Any, kube: Kube, namespace: str
 ) -> None:
     log.configure("info", "console", stream=sys.__stderr__)
     node = f"n-forge-{uuid.uuid4().hex[:6]}"
@@ -81,15 +80,15 @@ async def test_forged_decisions_fail_the_pod_not_the_node(
             "foreign": ("GPU-other-node-0,NVIDIA,1000,0:;", "GPU-other-node-0 is not a nvidia"),
         }
         for name, (value, cause) in forged.items():
-            await forge(api_client, namespace, node, name, value)
+            await forge(kube, namespace, node, name, value)
             admission = await kubelet.wait_for_admission(namespace, name, timeout=30)
             assert admission.phase == "Failed", name
             assert f"pod {namespace}/{name}" in str(admission.message)
             assert cause in str(admission.message)
             assert not admission.containers  # nothing reached a container
-            pod = await patch.get_pod(api_client, namespace, name)
+            pod = await kube.get_pod(namespace, name)
             assert pod["metadata"]["annotations"][keys.BIND_PHASE] == "failed"
-        await forge(api_client, namespace, node, "fine", f"GPU-{node}-1,NVIDIA,1000,0:;")
+        await forge(kube, namespace, node, "fine", f"GPU-{node}-1,NVIDIA,1000,0:;")
         admission = await kubelet.wait_for_admission(namespace, "fine", timeout=30)
         assert admission.phase == "Running", admission.message
         assert admission.envs["c0"]["NVIDIA_VISIBLE_DEVICES"] == f"GPU-{node}-1"

@@ -6,8 +6,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from _node_helpers import MemoryKube, fake_backend, running_agent, short_tmp_dir
 from structlog.testing import capture_logs
-from test_node_unit import MemoryKube, fake_backend, running_agent, short_dir  # noqa: F401
 
 from hami.kube.raw import KubeError, NotFound
 from hami.node.registration import _hint
@@ -29,8 +29,8 @@ def test_registration_failure_hints(error: KubeError, expected: str | None) -> N
         assert hint is not None and expected in hint
 
 
-async def test_missing_kubelet_socket_is_said_once(short_dir: Path, tmp_path: Path) -> None:  # noqa: F811
-    with capture_logs() as logs:
+async def test_missing_kubelet_socket_is_said_once(tmp_path: Path) -> None:
+    with short_tmp_dir() as short_dir, capture_logs() as logs:
         async with running_agent(short_dir, MemoryKube(), fake_backend(tmp_path)):
             async with asyncio.timeout(10):
                 while not any(e["event"] == "waiting_for_kubelet" for e in logs):  # noqa: ASYNC110

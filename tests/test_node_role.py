@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from hami import cli, log
-from hami.kube import patch
+from hami.kube.client import Kube
 from hami.testkit import ControlPlane
 
 
@@ -46,7 +46,7 @@ def work_dir() -> Iterator[Path]:
 
 
 async def test_node_role_process_registers_and_stops_on_sigterm(
-    controlplane: ControlPlane, kubelet_factory: Any, api_client: Any, work_dir: Path
+    controlplane: ControlPlane, kubelet_factory: Any, kube: Kube, work_dir: Path
 ) -> None:
     node = f"n-proc-{uuid.uuid4().hex[:6]}"
     kubelet = await kubelet_factory(node)
@@ -90,7 +90,7 @@ async def test_node_role_process_registers_and_stops_on_sigterm(
         await kubelet.wait_for_resource("nvidia.com/gpu", healthy=2, timeout=30)
 
         async def registered() -> bool:
-            obj = await patch.get_node(api_client, node)
+            obj = await kube.get_node(node)
             annotations = obj["metadata"].get("annotations") or {}
             return bool(
                 annotations.get("hami.io/node-nvidia-register")

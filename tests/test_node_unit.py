@@ -6,29 +6,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import stat
 import sys
-import tempfile
-from collections.abc import AsyncIterator, Iterator, Mapping
-from datetime import UTC, datetime, timedelta
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _node_helpers import (
+    NODE,
+    TO_ALLOC,
+    MemoryKube,
+    MiniKubelet,
+    counting_clock,
+    fake_backend,
+    pod,
+    running_agent,
+    short_tmp_dir,
+)
 from grpclib.client import Channel
 from grpclib.exceptions import GRPCError
-from grpclib.server import Server, Stream
 
 from hami import log
 from hami._proto.v1beta1 import api_grpc, api_pb2
 from hami.backends.base import BackendSettings, HealthCallback
 from hami.backends.fake import FakeBackend
-from hami.config import Config
-from hami.node import NodeAgent
 from hami.node.allocate import (
     AllocateError,
-    KubeCalls,
     choose_pod,
     plan_allocation,
     preferred_replicas,
@@ -44,57 +48,6 @@ from hami.testkit.cluster import poll
 def _logging_to_real_stderr() -> None:
     """Another test's cli.main may have pointed logging at a capture stream closed since."""
     log.configure("info", "console", stream=sys.__stderr__)
-
-
-NODE = "node-u"
-TO_ALLOC = "hami.io/vgpu-devices-to-allocate"
-ALLOCATED = "hami.io/vgpu-devices-allocated"
-
-
-def fake_backend(tmp: Path, count: int = 2, split: int = 4) -> FakeBackend:
-    return FakeBackend(
-        BackendSettings(
-            split_count=split,
-            options={
-                "devices": [{"count": count, "model": "NVIDIA-Test", "memory": 16384}],
-                "uuid_prefix": "GPU-u",
-                "hamicore": {"containers_dir": str(tmp / "containers")},
-            },
-        )
-    )
-
-
-def pod(
-    name: str,
-    value: str,
-    *,
-    containers: int = 1,
-    init: int = 0,
-    bind_time: str = "100",
-    phase: str = "allocating",
-    node: str = NODE,
-    env: list[dict[str, str]] | None = None,
-) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "namespace": "ns",
-            "name": name,
-            "uid": f"uid-{name}",
-            "annotations": {
-                keys.BIND_PHASE: phase,
-                keys.VGPU_NODE: node,
-                keys.BIND_TIME: bind_time,
-                TO_ALLOC: value,
-                ALLOCATED: value,
-            },
-        },
-        "spec": {
-            "nodeName": node,
-            "initContainers": [{"name": f"init{i}"} for i in range(init)],
-            "containers": [{"name": f"c{i}", "env": env or []} for i in range(containers)],
-        },
-        "status": {"phase": "Pending"},
-    }
 
 
 # --------------------------------------------------------------------------- pure decisions
@@ -168,28 +121,22 @@ class HealthyFake(FakeBackend):
         await asyncio.Event().wait()
 
 
-def counting_clock() -> Any:
-    start = datetime(2024, 1, 23, 4, 30, 0, tzinfo=UTC)
-    ticks = iter(range(10**6))
-    return lambda: start + timedelta(seconds=next(ticks))
-
-
 async def test_registrar_writes_at_once_retries_and_reacts_to_health(tmp_path: Path) -> None:
     backend = fake_backend(tmp_path)
     state = DeviceState("fake", backend)
     state.bind_loop()
     state.set_enumerated(await backend.enumerate())
-    writes: list[dict[str, str | None]] = []
-    fail = {"n": 2}
-
-    async def patch(annotations: Mapping[str, str | None]) -> None:
-        if fail["n"]:
-            fail["n"] -= 1
-            raise ConnectionError("apiserver down")
-        writes.append(dict(annotations))
-
+    kube = MemoryKube()
+    kube.fail_node_patches = 2
+    writes = kube.node_patches
     registrar = Registrar(
-        state, patch, period=30, metrics=NodeMetrics(), now=counting_clock(), min_backoff=0.05
+        state,
+        kube,
+        node=NODE,
+        period=30,
+        metrics=NodeMetrics(),
+        now=counting_clock(),
+        min_backoff=0.05,
     )
     task = asyncio.create_task(registrar.run())
     try:
@@ -215,128 +162,10 @@ async def test_registrar_writes_at_once_retries_and_reacts_to_health(tmp_path: P
 # --------------------------------------------------------------------------- plugin over gRPC
 
 
-class MemoryKube:
-    """An in-memory API server for nodes and pods (merge patches on annotations)."""
-
-    def __init__(self) -> None:
-        self.nodes: dict[str, dict[str, Any]] = {NODE: {"metadata": {"name": NODE}}}
-        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
-        self.rv = 1
-        self.down = False
-
-    def _check(self) -> None:
-        if self.down:
-            raise ConnectionError("apiserver unreachable")
-
-    def calls(self) -> KubeCalls:
-        async def get_node(name: str) -> dict[str, Any]:
-            self._check()
-            node = self.nodes[name]
-            node["metadata"]["resourceVersion"] = str(self.rv)
-            return node
-
-        async def get_pod(ns: str, name: str) -> dict[str, Any]:
-            self._check()
-            if (ns, name) not in self.pods:
-                raise KeyError("not found")
-            return self.pods[(ns, name)]
-
-        async def list_pods(selector: str) -> list[dict[str, Any]]:
-            self._check()
-            return [p for p in self.pods.values() if p["spec"]["nodeName"] == NODE]
-
-        async def patch_node(
-            name: str, annotations: Mapping[str, str | None], rv: str | None
-        ) -> Any:
-            self._check()
-            self._merge(self.nodes[name], annotations)
-
-        async def patch_pod(ns: str, name: str, annotations: Mapping[str, str | None]) -> Any:
-            self._check()
-            self._merge(self.pods[(ns, name)], annotations)
-
-        return KubeCalls(
-            get_node,
-            get_pod,
-            list_pods,
-            patch_node,
-            patch_pod,
-            is_not_found=lambda exc: isinstance(exc, KeyError),
-        )
-
-    def _merge(self, obj: dict[str, Any], annotations: Mapping[str, str | None]) -> None:
-        self.rv += 1
-        current = obj["metadata"].setdefault("annotations", {})
-        for key, value in annotations.items():
-            if value is None:
-                current.pop(key, None)
-            else:
-                current[key] = value
-
-    def add(self, p: dict[str, Any]) -> None:
-        self.pods[(p["metadata"]["namespace"], p["metadata"]["name"])] = p
-
-    def annotations(self, name: str) -> dict[str, str]:
-        result: dict[str, str] = self.pods[("ns", name)]["metadata"]["annotations"]
-        return result
-
-
-class MiniKubelet(api_grpc.RegistrationBase):
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.requests: list[api_pb2.RegisterRequest] = []
-        self.server: Server | None = None
-
-    async def Register(self, stream: Stream[api_pb2.RegisterRequest, api_pb2.Empty]) -> None:
-        request = await stream.recv_message()
-        assert request is not None
-        self.requests.append(request)
-        await stream.send_message(api_pb2.Empty())
-
-    async def start(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            (self.directory / "kubelet.sock").unlink()
-        self.server = Server([self])
-        await self.server.start(path=str(self.directory / "kubelet.sock"))
-
-    async def stop(self) -> None:
-        if self.server is not None:
-            self.server.close()
-            await self.server.wait_closed()
-        with contextlib.suppress(FileNotFoundError):
-            (self.directory / "kubelet.sock").unlink()
-
-
 @pytest.fixture
 def short_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="hn-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@contextlib.asynccontextmanager
-async def running_agent(
-    short_dir: Path, kube: MemoryKube, backend: FakeBackend
-) -> AsyncIterator[NodeAgent]:
-    agent = NodeAgent(
-        Config(),
-        node_name=NODE,
-        kube=kube.calls(),
-        backends={"fake": backend},
-        register_period=0.2,
-        device_plugin_dir=str(short_dir),
-        http_port=0,
-        http_address="127.0.0.1",
-        kubelet_poll=0.05,
-        min_backoff=0.05,
-    )
-    task = asyncio.create_task(agent.run())
-    try:
-        await agent.wait_ready(10)
-        yield agent
-    finally:
-        await agent.stop()
-        await task
+    with short_tmp_dir() as path:
+        yield path
 
 
 async def test_plugin_allocate_health_and_reregistration(short_dir: Path) -> None:

@@ -21,8 +21,7 @@ import pytest
 from hami import config, log
 from hami.backends.base import BackendSettings
 from hami.backends.fake import FakeBackend
-from hami.kube import patch
-from hami.kube.raw import request
+from hami.kube.client import Kube
 from hami.node import NodeAgent
 from hami.protocol import keys
 from hami.scheduler.role import SchedulerRole
@@ -45,17 +44,22 @@ def host_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-async def wait_phase(api: Any, namespace: str, name: str, timeout: float = 30.0) -> dict[str, Any]:  # noqa: ASYNC109
+async def wait_phase(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    timeout: float = 30.0,  # noqa: ASYNC109
+) -> dict[str, Any]:
     async with asyncio.timeout(timeout):
         while True:
-            pod = await patch.get_pod(api, namespace, name)
+            pod = await kube.get_pod(namespace, name)
             if (pod.get("status") or {}).get("phase") in ("Running", "Failed"):
                 return pod
             await asyncio.sleep(0.1)
 
 
 async def test_pods_placed_by_the_scheduler_start_on_node_agents(
-    kubelet_factory: Any, kube_scheduler: Any, api_client: Any, namespace: str, host_dir: Path
+    kubelet_factory: Any, kube_scheduler: Any, kube: Kube, namespace: str, host_dir: Path
 ) -> None:
     cfg = config.from_mapping(
         {
@@ -74,7 +78,7 @@ async def test_pods_placed_by_the_scheduler_start_on_node_agents(
     )
     suffix = uuid.uuid4().hex[:6]
     agents: list[tuple[NodeAgent, asyncio.Task[None]]] = []
-    async with SchedulerRole(cfg, api_client) as role:
+    async with SchedulerRole(cfg, kube) as role:
         await role.wait_ready()
         await kube_scheduler(
             {
@@ -110,7 +114,7 @@ async def test_pods_placed_by_the_scheduler_start_on_node_agents(
                 agent = NodeAgent(
                     cfg,
                     node_name=node,
-                    api=api_client,
+                    kube=kube,
                     backends={"fake": backend},
                     register_period=1,
                     device_plugin_dir=str(kubelet.plugin_dir),
@@ -134,9 +138,9 @@ async def test_pods_placed_by_the_scheduler_start_on_node_agents(
                         ],
                     },
                 }
-                await request(api_client, "POST", f"/api/v1/namespaces/{namespace}/pods", body=body)
+                await kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=body)
             for name in names:
-                pod = await wait_phase(api_client, namespace, name)
+                pod = await wait_phase(kube, namespace, name)
                 annotations = pod["metadata"]["annotations"]
                 assert pod["status"]["phase"] == "Running", pod["status"].get("message")
                 assert pod["spec"]["nodeName"] in nodes
@@ -144,7 +148,7 @@ async def test_pods_placed_by_the_scheduler_start_on_node_agents(
                 assert annotations["hami.io/vgpu-devices-to-allocate"] == ";"
                 assert annotations["hami.io/vgpu-devices-allocated"].endswith(",NVIDIA,3000,0:;")
             for node in nodes:
-                obj = await patch.get_node(api_client, node)
+                obj = await kube.get_node(node)
                 assert keys.NODE_LOCK not in (obj["metadata"].get("annotations") or {})
         finally:
             for agent, task in agents:

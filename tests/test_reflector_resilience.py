@@ -6,14 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
-import pytest
 from structlog.testing import capture_logs
 
-from hami.kube import reflector as reflector_mod
-from hami.kube.raw import KubeError, request
+from hami.kube.client import Kube
+from hami.kube.raw import KubeError, Unreachable
 from hami.kube.reflector import Reflector
 from hami.testkit.cluster import poll
 
@@ -43,7 +42,7 @@ def test_handler_error_is_logged_with_the_object_and_later_objects_arrive() -> N
     assert all(e["log_level"] == "error" and e["exc_info"] for e in failures)
 
 
-async def test_watch_survives_a_handler_error_on_the_real_api_server(api_client: Any) -> None:
+async def test_watch_survives_a_handler_error_on_the_real_api_server(kube: Kube) -> None:
     label = f"refl-{uuid.uuid4().hex[:8]}"
     bad, good = f"{label}-bad", f"{label}-good"
     seen: set[str] = set()
@@ -54,15 +53,13 @@ async def test_watch_survives_a_handler_error_on_the_real_api_server(api_client:
             raise RuntimeError("handler bug")
         seen.add(name)
 
-    refl = Reflector(
-        api_client, "/api/v1/nodes", handler, name="nodes", label_selector=f"test={label}"
-    )
+    refl = Reflector(kube, "/api/v1/nodes", handler, name="nodes", label_selector=f"test={label}")
     task = asyncio.create_task(refl.run())
     try:
         await asyncio.wait_for(refl.synced.wait(), 20)
         for name in (bad, good):  # the bad one first: the good one comes on the same watch
             body = {"metadata": {"name": name, "labels": {"test": label}}}
-            await request(api_client, "POST", "/api/v1/nodes", body=body)
+            await kube.request("POST", "/api/v1/nodes", body=body)
         await poll(lambda: good in seen or task.done(), 20, "the node after the bad one")
         assert not task.done(), task.exception()
         assert good in seen
@@ -71,38 +68,34 @@ async def test_watch_survives_a_handler_error_on_the_real_api_server(api_client:
         task.cancel()
         for name in (bad, good):
             with contextlib.suppress(KubeError):
-                await request(api_client, "DELETE", f"/api/v1/nodes/{name}")
+                await kube.request("DELETE", f"/api/v1/nodes/{name}")
 
 
-async def test_down_for_tracks_a_broken_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_down_for_tracks_a_broken_stream() -> None:
     now = [100.0]
     fail = [True]
     opened = asyncio.Event()
 
-    async def fake_request(*args: Any, **kwargs: Any) -> dict[str, Any]:
-        return {"metadata": {"resourceVersion": "1"}, "items": []}
+    class FakeKube:
+        """Lists work; the watch is refused until ``fail`` clears, then stays open."""
 
-    class Stream:
-        def __init__(self) -> None:
-            self.content = self
+        async def list_all(self, *args: Any, **kwargs: Any) -> tuple[list[Any], str]:
+            return [], "1"
 
-        async def iter_any(self) -> Any:
-            opened.set()
-            await asyncio.Event().wait()  # an open watch with nothing to say
-            yield b""
+        @contextlib.asynccontextmanager
+        async def stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[AsyncIterator[Any]]:
+            if fail[0]:
+                raise Unreachable("connection refused", "/api/v1/nodes", sent=False)
 
-        def release(self) -> None:
-            pass
+            async def quiet() -> AsyncIterator[Any]:
+                opened.set()
+                await asyncio.Event().wait()  # an open watch with nothing to say
+                yield {}
 
-    async def fake_open(*args: Any, **kwargs: Any) -> Stream:
-        if fail[0]:
-            raise aiohttp.ClientConnectionError("connection refused")
-        return Stream()
+            yield quiet()
 
-    monkeypatch.setattr(reflector_mod, "request", fake_request)
-    monkeypatch.setattr(reflector_mod, "open_stream", fake_open)
     refl = Reflector(
-        None,  # type: ignore[arg-type]
+        FakeKube(),  # type: ignore[arg-type]
         "/api/v1/nodes",
         lambda kind, obj: None,
         name="nodes",

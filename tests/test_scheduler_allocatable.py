@@ -3,8 +3,6 @@ handshake does (protocol.md §2 "kubelet's word wins when it says no")."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from _sched_helpers import (
     FakeClock,
     create_node,
@@ -17,11 +15,12 @@ from _sched_helpers import (
     unique,
 )
 
-from hami.kube.raw import MERGE_PATCH, request
+from hami.kube.client import Kube
+from hami.kube.raw import MERGE_PATCH
 from hami.testkit.cluster import poll
 
 
-async def set_gpu_status(api: Any, name: str, capacity: str, allocatable: str) -> None:
+async def set_gpu_status(kube: Kube, name: str, capacity: str, allocatable: str) -> None:
     """What kubelet writes: the status subresource, as a merge patch."""
     body = {
         "status": {
@@ -29,11 +28,11 @@ async def set_gpu_status(api: Any, name: str, capacity: str, allocatable: str) -
             "allocatable": {"cpu": "8", "pods": "110", "nvidia.com/gpu": allocatable},
         }
     }
-    await request(api, "PATCH", f"/api/v1/nodes/{name}/status", body=body, content_type=MERGE_PATCH)
+    await kube.request("PATCH", f"/api/v1/nodes/{name}/status", body=body, content_type=MERGE_PATCH)
 
 
 async def test_kubelet_dropping_the_count_resource_makes_filter_skip_the_node(
-    api_client: Any, namespace: str
+    kube: Kube, namespace: str
 ) -> None:
     fake = FakeClock()
     name = unique("alloc")
@@ -41,26 +40,26 @@ async def test_kubelet_dropping_the_count_resource_makes_filter_skip_the_node(
         "hami.io/node-nvidia-register": register([f"GPU-{name}-0"]),
         "hami.io/node-handshake-nvidia": "Reported_2024-05-20 09:59:50",
     }
-    await create_node(api_client, name, annotations)
+    await create_node(kube, name, annotations)
     try:
-        await set_gpu_status(api_client, name, "1", "1")
-        async with running_scheduler(api_client, fake) as role:
+        await set_gpu_status(kube, name, "1", "1")
+        async with running_scheduler(kube, fake) as role:
             cluster = role.scheduler.cluster
             await poll(
                 lambda: name in cluster.nodes and cluster.nodes[name].types["nvidia"].available
             )
-            pod = await create_pod(api_client, namespace, gpu_pod("p", mem=100))
+            pod = await create_pod(kube, namespace, gpu_pod("p", mem=100))
             # the device plugin's socket went away: kubelet keeps capacity, allocatable 0;
             # the handshake is still fresh, so only kubelet's word can turn the node off
-            await set_gpu_status(api_client, name, "1", "0")
+            await set_gpu_status(kube, name, "1", "0")
             await poll(lambda: not cluster.nodes[name].types["nvidia"].available)
             answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": [name]})
             assert answer["NodeNames"] == []
             assert "nvidia.com/gpu" in answer["FailedNodes"][name], answer
             # the plugin registered again
-            await set_gpu_status(api_client, name, "1", "1")
+            await set_gpu_status(kube, name, "1", "1")
             await poll(lambda: cluster.nodes[name].types["nvidia"].available)
             answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": [name]})
             assert answer["NodeNames"] == [name], answer
     finally:
-        await delete_nodes(api_client, [name])
+        await delete_nodes(kube, [name])

@@ -9,7 +9,6 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
@@ -28,6 +27,7 @@ from _sched_helpers import (
 from aiohttp import web
 
 from hami import cli, config, log
+from hami.kube.client import Kube
 from hami.scheduler import http as sched_http
 from hami.scheduler.service import Scheduler
 from hami.testkit.cluster import poll
@@ -111,7 +111,7 @@ async def test_scheduler_process_serves_and_stops_on_sigterm(
 
 
 async def test_explain_from_scheduler_and_offline(
-    api_client: Any,
+    kube: Kube,
     namespace: str,
     kubeconfig: Path,
     capsys: pytest.CaptureFixture[str],
@@ -121,7 +121,7 @@ async def test_explain_from_scheduler_and_offline(
     monkeypatch.setattr(log, "configure", lambda *args, **kwargs: None)
     names = [unique("ex-a"), unique("ex-b")]
     await create_node(
-        api_client,
+        kube,
         names[0],
         {
             "hami.io/node-nvidia-register": register([f"GPU-{names[0]}"], memory=4000),
@@ -129,7 +129,7 @@ async def test_explain_from_scheduler_and_offline(
         },
     )
     await create_node(
-        api_client,
+        kube,
         names[1],
         {
             "hami.io/node-nvidia-register": register([f"GPU-{names[1]}"], memory=40000),
@@ -137,8 +137,8 @@ async def test_explain_from_scheduler_and_offline(
         },
     )
     try:
-        await create_pod(api_client, namespace, gpu_pod("p", mem=8000))
-        async with running_scheduler(api_client, FakeClock()) as role:
+        await create_pod(kube, namespace, gpu_pod("p", mem=8000))
+        async with running_scheduler(kube, FakeClock()) as role:
             await poll(lambda: all(n in role.scheduler.cluster.nodes for n in names))
             code = await asyncio.to_thread(
                 cli.main, ["explain", "p", "-n", namespace, "--url", role.url, "--json"]
@@ -161,7 +161,7 @@ async def test_explain_from_scheduler_and_offline(
         row = next(line for line in out.splitlines() if line.startswith(names[1]))
         assert row.split(None, 1)[1] == "fits"
     finally:
-        await delete_nodes(api_client, names)
+        await delete_nodes(kube, names)
 
 
 async def test_http_edge_cases(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,8 +23,8 @@ from _sched_helpers import (
     unique,
 )
 
-from hami.kube import patch
-from hami.kube.raw import Conflict, KubeError, request
+from hami.kube.client import Kube
+from hami.kube.raw import Conflict, KubeError
 from hami.protocol import decode_pod_devices, keys
 from hami.testkit.cluster import poll
 
@@ -42,12 +42,12 @@ def binding(pod: dict[str, Any], node: str) -> dict[str, Any]:
     }
 
 
-async def make_nodes(api: Any, prefix: str, n: int, devices: int = 2, **kwargs: Any) -> list[str]:
+async def make_nodes(kube: Kube, prefix: str, n: int, devices: int = 2, **kwargs: Any) -> list[str]:
     names = [f"{prefix}-{i}" for i in range(n)]
     for name in names:
         uuids = [f"GPU-{name}-{d}" for d in range(devices)]
         await create_node(
-            api,
+            kube,
             name,
             {
                 "hami.io/node-nvidia-register": register(uuids, **kwargs),
@@ -57,20 +57,18 @@ async def make_nodes(api: Any, prefix: str, n: int, devices: int = 2, **kwargs: 
     return names
 
 
-async def test_filter_and_bind_write_the_protocol_annotations(
-    api_client: Any, namespace: str
-) -> None:
+async def test_filter_and_bind_write_the_protocol_annotations(kube: Kube, namespace: str) -> None:
     fake = FakeClock()
-    nodes = await make_nodes(api_client, unique("fb"), 2)
+    nodes = await make_nodes(kube, unique("fb"), 2)
     try:
-        async with running_scheduler(api_client, fake) as role:
+        async with running_scheduler(kube, fake) as role:
             await poll(lambda: all(n in role.scheduler.cluster.nodes for n in nodes))
-            pod = await create_pod(api_client, namespace, gpu_pod("p1", mem=3000, cores=30))
+            pod = await create_pod(kube, namespace, gpu_pod("p1", mem=3000, cores=30))
             answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": nodes})
             assert answer["Error"] == ""
             (chosen,) = answer["NodeNames"]
             assert chosen == nodes[0]  # equal nodes: ties go to the name
-            stored = await patch.get_pod(api_client, namespace, "p1")
+            stored = await kube.get_pod(namespace, "p1")
             ann = stored["metadata"]["annotations"]
             device = f"GPU-{chosen}-0,NVIDIA,3000,30:;"
             assert ann == {
@@ -91,12 +89,12 @@ async def test_filter_and_bind_write_the_protocol_annotations(
                 },
             )
             assert answer == {"Error": ""}
-            stored = await patch.get_pod(api_client, namespace, "p1")
+            stored = await kube.get_pod(namespace, "p1")
             assert stored["spec"]["nodeName"] == chosen
             ann = stored["metadata"]["annotations"]
             assert ann["hami.io/bind-phase"] == "allocating"
             assert ann["hami.io/bind-time"] == str(int(T0.timestamp()) + 5)
-            node = await patch.get_node(api_client, chosen)
+            node = await kube.get_node(chosen)
             assert node["metadata"]["annotations"][keys.NODE_LOCK] == (
                 f"2024-05-20T10:00:05Z,{namespace},p1"
             )
@@ -139,46 +137,44 @@ async def test_filter_and_bind_write_the_protocol_annotations(
             assert 'hami_bind_total{outcome="success",reason="bound"} 1.0' in metrics
             assert f'hami_node_available{{node="{chosen}",type="nvidia"}} 1.0' in metrics
             await role.scheduler.drain()
-        events = await request(api_client, "GET", f"/api/v1/namespaces/{namespace}/events")
+        events = await kube.request("GET", f"/api/v1/namespaces/{namespace}/events")
         reasons = {e["reason"] for e in events["items"] if e["involvedObject"]["name"] == "p1"}
         assert {"FilteringSucceed", "BindingSucceed"} <= reasons
     finally:
-        await delete_nodes(api_client, nodes)
+        await delete_nodes(kube, nodes)
 
 
-async def release_locks(api: Any, nodes: list[str], namespace: str, stop: asyncio.Event) -> None:
+async def release_locks(kube: Kube, nodes: list[str], namespace: str, stop: asyncio.Event) -> None:
     """What the node agent does after a pod's last Allocate: phase success, lock removed."""
     while not stop.is_set():
         for name in nodes:
-            node = await patch.get_node(api, name)
+            node = await kube.get_node(name)
             meta = node["metadata"]
             value = (meta.get("annotations") or {}).get(keys.NODE_LOCK)
             if not value:
                 continue
             pod_name = value.split(",")[2]
             with contextlib.suppress(KubeError):
-                await patch.patch_pod_annotations(
-                    api, namespace, pod_name, {keys.BIND_PHASE: "success"}
-                )
+                await kube.patch_pod_annotations(namespace, pod_name, {keys.BIND_PHASE: "success"})
             with contextlib.suppress(Conflict):
-                await patch.patch_node_annotations(
-                    api, name, {keys.NODE_LOCK: None}, resource_version=meta["resourceVersion"]
+                await kube.patch_node_annotations(
+                    name, {keys.NODE_LOCK: None}, resource_version=meta["resourceVersion"]
                 )
         await asyncio.sleep(0.02)
 
 
-async def test_concurrent_filter_and_bind_never_overcommit(api_client: Any, namespace: str) -> None:
+async def test_concurrent_filter_and_bind_never_overcommit(kube: Kube, namespace: str) -> None:
     fake = FakeClock()
     # 5 nodes x 2 devices x 5 slots x 10000 MiB; 50 pods of 2000 MiB fill it exactly
-    nodes = await make_nodes(api_client, unique("cc"), 5, devices=2, memory=10000, count=5)
+    nodes = await make_nodes(kube, unique("cc"), 5, devices=2, memory=10000, count=5)
     stop = asyncio.Event()
     try:
-        async with running_scheduler(api_client, fake) as role:
+        async with running_scheduler(kube, fake) as role:
             await poll(lambda: all(n in role.scheduler.cluster.nodes for n in nodes))
             pods = await asyncio.gather(
-                *(create_pod(api_client, namespace, gpu_pod(f"p{i}", mem=2000)) for i in range(50))
+                *(create_pod(kube, namespace, gpu_pod(f"p{i}", mem=2000)) for i in range(50))
             )
-            releaser = asyncio.create_task(release_locks(api_client, nodes, namespace, stop))
+            releaser = asyncio.create_task(release_locks(kube, nodes, namespace, stop))
 
             async def schedule(pod: dict[str, Any]) -> str:
                 answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": nodes})
@@ -193,7 +189,7 @@ async def test_concurrent_filter_and_bind_never_overcommit(api_client: Any, name
             stop.set()
             await releaser
             # the invariant, from the annotations alone
-            listing = await request(api_client, "GET", f"/api/v1/namespaces/{namespace}/pods")
+            listing = await kube.request("GET", f"/api/v1/namespaces/{namespace}/pods")
             per_device: dict[str, list[int]] = defaultdict(lambda: [0, 0])
             for item in listing["items"]:
                 ann = item["metadata"]["annotations"]
@@ -205,13 +201,13 @@ async def test_concurrent_filter_and_bind_never_overcommit(api_client: Any, name
             assert len(per_device) == 10
             assert all(v == [5, 10000] for v in per_device.values()), per_device
             # one more does not fit, and every node says why
-            extra = await create_pod(api_client, namespace, gpu_pod("extra", mem=2000))
+            extra = await create_pod(kube, namespace, gpu_pod("extra", mem=2000))
             answer = await post(f"{role.url}/filter", {"Pod": extra, "NodeNames": nodes})
             assert answer["NodeNames"] == []
             assert answer["FailedNodes"] == {n: "2/2 CardTimeSlicingExhausted" for n in nodes}
             expected = role.scheduler.cluster.usage_snapshot()
         # a restarted scheduler rebuilds the same usage from the API server alone
-        async with running_scheduler(api_client, FakeClock()) as again:
+        async with running_scheduler(kube, FakeClock()) as again:
             await poll(
                 lambda: all(
                     again.scheduler.cluster.usage_snapshot().get(n) == expected.get(n)
@@ -222,33 +218,33 @@ async def test_concurrent_filter_and_bind_never_overcommit(api_client: Any, name
             assert mine == {n: expected[n] for n in nodes}
     finally:
         stop.set()
-        await delete_nodes(api_client, nodes)
+        await delete_nodes(kube, nodes)
 
 
-async def test_handshake_timeout_and_recovery(api_client: Any, namespace: str) -> None:
+async def test_handshake_timeout_and_recovery(kube: Kube, namespace: str) -> None:
     fake = FakeClock()
-    nodes = await make_nodes(api_client, unique("hs"), 1)
+    nodes = await make_nodes(kube, unique("hs"), 1)
     (name,) = nodes
     key = "hami.io/node-handshake-nvidia"
     try:
-        async with running_scheduler(api_client, fake) as role:
+        async with running_scheduler(kube, fake) as role:
             cluster = role.scheduler.cluster
             await poll(lambda: name in cluster.nodes)
             await role.scheduler.handshake_pass()
-            node = await patch.get_node(api_client, name)
+            node = await kube.get_node(name)
             assert node["metadata"]["annotations"][key] == "Requesting_2024-05-20 10:00:00"
             await poll(
                 lambda: (cluster.nodes[name].types["nvidia"].handshake_value or "").startswith(
                     "Requesting"
                 )
             )
-            pod = await create_pod(api_client, namespace, gpu_pod("p", mem=100))
+            pod = await create_pod(kube, namespace, gpu_pod("p", mem=100))
             fake.advance(60)
             await role.scheduler.handshake_pass()  # exactly 60 s: still available
             assert cluster.nodes[name].types["nvidia"].available
             fake.advance(1)
             await role.scheduler.handshake_pass()
-            node = await patch.get_node(api_client, name)
+            node = await kube.get_node(name)
             # a stale stamp is never refreshed
             assert node["metadata"]["annotations"][key] == "Requesting_2024-05-20 10:00:00"
             answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": nodes})
@@ -260,9 +256,7 @@ async def test_handshake_timeout_and_recovery(api_client: Any, namespace: str) -
                 text = await r.text()
             assert f'hami_node_available{{node="{name}",type="nvidia"}} 0.0' in text
             # the node agent answers: available again
-            await patch.patch_node_annotations(
-                api_client, name, {key: "Reported_2024-05-20 10:01:02"}
-            )
+            await kube.patch_node_annotations(name, {key: "Reported_2024-05-20 10:01:02"})
             await poll(
                 lambda: (cluster.nodes[name].types["nvidia"].handshake_value or "").startswith(
                     "Reported"
@@ -273,14 +267,14 @@ async def test_handshake_timeout_and_recovery(api_client: Any, namespace: str) -
             answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": nodes})
             assert answer["NodeNames"] == [name]
     finally:
-        await delete_nodes(api_client, nodes)
+        await delete_nodes(kube, nodes)
 
 
-async def test_malformed_register_is_a_reason_not_a_crash(api_client: Any, namespace: str) -> None:
+async def test_malformed_register_is_a_reason_not_a_crash(kube: Kube, namespace: str) -> None:
     fake = FakeClock()
     name = unique("bad")
     await create_node(
-        api_client,
+        kube,
         name,
         {
             "hami.io/node-nvidia-register": "GPU-x,10,lots,100,M,0,true:",
@@ -288,33 +282,33 @@ async def test_malformed_register_is_a_reason_not_a_crash(api_client: Any, names
         },
     )
     try:
-        async with running_scheduler(api_client, fake) as role:
+        async with running_scheduler(kube, fake) as role:
             await poll(lambda: name in role.scheduler.cluster.nodes)
-            pod = await create_pod(api_client, namespace, gpu_pod("p", mem=100))
+            pod = await create_pod(kube, namespace, gpu_pod("p", mem=100))
             answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": [name, "nope"]})
             assert answer["NodeNames"] == []
             assert answer["FailedNodes"]["nope"] == "node unregistered"
             assert "invalid node register value" in answer["FailedNodes"][name]
             assert "memory" in answer["FailedNodes"][name]
     finally:
-        await delete_nodes(api_client, [name])
+        await delete_nodes(kube, [name])
 
 
 async def test_bind_waits_for_a_live_lock_then_fails_and_rolls_back(
-    api_client: Any, namespace: str
+    kube: Kube, namespace: str
 ) -> None:
     fake = FakeClock()
     cfg = scheduler_config(bind_lock_wait="0.5s", node_lock_timeout="5m")
-    nodes = await make_nodes(api_client, unique("lk"), 1)
+    nodes = await make_nodes(kube, unique("lk"), 1)
     (name,) = nodes
     try:
-        async with running_scheduler(api_client, fake, cfg) as role:
+        async with running_scheduler(kube, fake, cfg) as role:
             await poll(lambda: name in role.scheduler.cluster.nodes)
-            holder = await create_pod(api_client, namespace, gpu_pod("holder", mem=100))
-            await patch.patch_node_annotations(
-                api_client, name, {keys.NODE_LOCK: f"2024-05-20T09:59:00Z,{namespace},holder"}
+            holder = await create_pod(kube, namespace, gpu_pod("holder", mem=100))
+            await kube.patch_node_annotations(
+                name, {keys.NODE_LOCK: f"2024-05-20T09:59:00Z,{namespace},holder"}
             )
-            pod = await create_pod(api_client, namespace, gpu_pod("p", mem=100))
+            pod = await create_pod(kube, namespace, gpu_pod("p", mem=100))
             answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": nodes})
             assert answer["NodeNames"] == [name]
             began = asyncio.get_running_loop().time()
@@ -322,11 +316,11 @@ async def test_bind_waits_for_a_live_lock_then_fails_and_rolls_back(
             waited = asyncio.get_running_loop().time() - began
             assert f"locked by pod {namespace}/holder" in answer["Error"]
             assert 0.5 <= waited < 5
-            stored = await patch.get_pod(api_client, namespace, "p")
+            stored = await kube.get_pod(namespace, "p")
             assert stored["metadata"]["annotations"]["hami.io/bind-phase"] == "failed"
             assert "nodeName" not in stored["spec"]
             assert name not in role.scheduler.cluster.usage_snapshot()
-            node = await patch.get_node(api_client, name)
+            node = await kube.get_node(name)
             assert node["metadata"]["annotations"][keys.NODE_LOCK].endswith(",holder")
             # the lock goes stale (5 min, injected clock): taken over
             answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": nodes})
@@ -334,14 +328,13 @@ async def test_bind_waits_for_a_live_lock_then_fails_and_rolls_back(
             fake.advance(6 * 60)
             answer = await post(f"{role.url}/bind", binding(pod, name))
             assert answer == {"Error": ""}
-            node = await patch.get_node(api_client, name)
+            node = await kube.get_node(name)
             assert node["metadata"]["annotations"][keys.NODE_LOCK].endswith(f",{namespace},p")
             del holder
             # the lock of a deleted pod is taken over at once, even when fresh
-            await request(api_client, "DELETE", f"/api/v1/namespaces/{namespace}/pods/holder")
-            q = await create_pod(api_client, namespace, gpu_pod("q", mem=100))
-            await patch.patch_node_annotations(
-                api_client,
+            await kube.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/holder")
+            q = await create_pod(kube, namespace, gpu_pod("q", mem=100))
+            await kube.patch_node_annotations(
                 name,
                 {keys.NODE_LOCK: f"{fake.now():%Y-%m-%dT%H:%M:%SZ},{namespace},holder"},
             )
@@ -349,77 +342,76 @@ async def test_bind_waits_for_a_live_lock_then_fails_and_rolls_back(
             answer = await post(f"{role.url}/bind", binding(q, name))
             assert answer == {"Error": ""}
             # a lock held by a live pod is waited for, and taken once released
-            r = await create_pod(api_client, namespace, gpu_pod("r", mem=100))
+            r = await create_pod(kube, namespace, gpu_pod("r", mem=100))
             answer = await post(f"{role.url}/filter", {"Pod": r, "NodeNames": nodes})
             cfg_wait = asyncio.create_task(post(f"{role.url}/bind", binding(r, name)))
             await asyncio.sleep(0.2)
             assert not cfg_wait.done()
-            await patch.patch_node_annotations(api_client, name, {keys.NODE_LOCK: None})
+            await kube.patch_node_annotations(name, {keys.NODE_LOCK: None})
             assert await asyncio.wait_for(cfg_wait, 5) == {"Error": ""}
     finally:
-        await delete_nodes(api_client, nodes)
+        await delete_nodes(kube, nodes)
 
 
 async def test_lock_of_a_pod_that_moved_on_is_taken_over_at_once(
-    api_client: Any, namespace: str
+    kube: Kube, namespace: str
 ) -> None:
     # A scheduler that crashed between locking a node and binding leaves a fresh lock whose
     # pod later went elsewhere (or finished allocating); nobody would release it.
     fake = FakeClock()
     cfg = scheduler_config(bind_lock_wait="30s", node_lock_timeout="5m")
-    nodes = await make_nodes(api_client, unique("mv"), 1)
+    nodes = await make_nodes(kube, unique("mv"), 1)
     (name,) = nodes
     try:
-        async with running_scheduler(api_client, fake, cfg) as role:
+        async with running_scheduler(kube, fake, cfg) as role:
             await poll(lambda: name in role.scheduler.cluster.nodes)
             for holder, annotations in (
                 ("elsewhere", {keys.VGPU_NODE: "some-other-node"}),
                 ("done", {keys.VGPU_NODE: name, keys.BIND_PHASE: "success"}),
             ):
-                await create_pod(api_client, namespace, gpu_pod(holder, mem=100))
-                await patch.patch_pod_annotations(api_client, namespace, holder, annotations)
-                await patch.patch_node_annotations(
-                    api_client,
+                await create_pod(kube, namespace, gpu_pod(holder, mem=100))
+                await kube.patch_pod_annotations(namespace, holder, annotations)
+                await kube.patch_node_annotations(
                     name,
                     {keys.NODE_LOCK: f"{fake.now():%Y-%m-%dT%H:%M:%SZ},{namespace},{holder}"},
                 )
-                pod = await create_pod(api_client, namespace, gpu_pod(f"after-{holder}", mem=100))
+                pod = await create_pod(kube, namespace, gpu_pod(f"after-{holder}", mem=100))
                 answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": nodes})
                 assert answer["NodeNames"] == [name]
                 began = asyncio.get_running_loop().time()
                 answer = await post(f"{role.url}/bind", binding(pod, name))
                 assert answer == {"Error": ""}
                 assert asyncio.get_running_loop().time() - began < 5  # not the 30 s wait
-                node = await patch.get_node(api_client, name)
+                node = await kube.get_node(name)
                 lock = node["metadata"]["annotations"][keys.NODE_LOCK]
                 assert lock.endswith(f",{namespace},after-{holder}")
                 # the agent would release it after allocation; do it here
-                await patch.patch_node_annotations(api_client, name, {keys.NODE_LOCK: None})
+                await kube.patch_node_annotations(name, {keys.NODE_LOCK: None})
     finally:
-        await delete_nodes(api_client, [name])
+        await delete_nodes(kube, [name])
 
 
 async def test_a_pod_filtered_again_does_not_compete_with_its_own_hold(
-    api_client: Any, namespace: str
+    kube: Kube, namespace: str
 ) -> None:
     # kube-scheduler filters a pod again when its bind failed (or the scheduler restarted in
     # between); on a full node the pod's own earlier hold must not keep it out.
     fake = FakeClock()
-    nodes = await make_nodes(api_client, unique("rf"), 1, devices=1, memory=8000)
+    nodes = await make_nodes(kube, unique("rf"), 1, devices=1, memory=8000)
     (name,) = nodes
     try:
-        async with running_scheduler(api_client, fake) as role:
+        async with running_scheduler(kube, fake) as role:
             await poll(lambda: name in role.scheduler.cluster.nodes)
-            pod = await create_pod(api_client, namespace, gpu_pod("whole", mem=8000))
+            pod = await create_pod(kube, namespace, gpu_pod("whole", mem=8000))
             for _ in range(2):
                 answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": nodes})
                 assert answer["NodeNames"] == [name], answer
             usage = role.scheduler.cluster.usage_snapshot()[name]
             assert usage == {f"GPU-{name}-0": (1, 8000, 0)}  # held once, not twice
             # Someone else cannot have it while the pod holds it.
-            other = await create_pod(api_client, namespace, gpu_pod("other", mem=8000))
+            other = await create_pod(kube, namespace, gpu_pod("other", mem=8000))
             answer = await post(f"{role.url}/filter", {"Pod": other, "NodeNames": nodes})
             assert answer["NodeNames"] == []
             assert "CardInsufficientMemory" in answer["FailedNodes"][name]
     finally:
-        await delete_nodes(api_client, [name])
+        await delete_nodes(kube, [name])

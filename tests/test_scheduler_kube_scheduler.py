@@ -15,7 +15,7 @@ from _sched_helpers import (
     unique,
 )
 
-from hami.kube import patch
+from hami.kube.client import Kube
 from hami.protocol import keys
 from hami.testkit.cluster import poll
 
@@ -23,22 +23,21 @@ CONFIG = Path(__file__).resolve().parent.parent / "config" / "kube-scheduler.yam
 
 
 async def test_kube_scheduler_filters_and_binds_through_hami(
-    api_client: Any, namespace: str, kube_scheduler: Any, kubelet_factory: Any
+    kube: Kube, namespace: str, kube_scheduler: Any, kubelet_factory: Any
 ) -> None:
     names = [unique("ks-a"), unique("ks-b")]
     for name in names:
         await kubelet_factory(name)
     # node a has a small GPU, node b a big one: a 20000 MiB pod only fits on b
     for name, memory in zip(names, (8000, 40000), strict=True):
-        await patch.patch_node_annotations(
-            api_client,
+        await kube.patch_node_annotations(
             name,
             {
                 "hami.io/node-nvidia-register": register([f"GPU-{name}"], memory=memory),
                 "hami.io/node-handshake-nvidia": "Reported_2024-05-20 09:59:50",
             },
         )
-    async with running_scheduler(api_client, FakeClock()) as role:
+    async with running_scheduler(kube, FakeClock()) as role:
         config = yaml.safe_load(CONFIG.read_text())
         config["extenders"][0]["urlPrefix"] = role.url
         await kube_scheduler(config)
@@ -48,31 +47,31 @@ async def test_kube_scheduler_filters_and_binds_through_hami(
                 for n in names
             )
         )
-        await create_pod(api_client, namespace, gpu_pod("big", mem=20000))
+        await create_pod(kube, namespace, gpu_pod("big", mem=20000))
 
         async def bound() -> bool:
-            pod = await patch.get_pod(api_client, namespace, "big")
+            pod = await kube.get_pod(namespace, "big")
             return bool(pod["spec"].get("nodeName"))
 
         await poll(bound, 30)
-        pod = await patch.get_pod(api_client, namespace, "big")
+        pod = await kube.get_pod(namespace, "big")
         assert pod["spec"]["nodeName"] == names[1]
         ann = pod["metadata"]["annotations"]
         assert ann["hami.io/vgpu-node"] == names[1]
         assert ann["hami.io/vgpu-devices-allocated"] == f"GPU-{names[1]},NVIDIA,20000,0:;"
         assert ann["hami.io/bind-phase"] == "allocating"
-        node = await patch.get_node(api_client, names[1])
+        node = await kube.get_node(names[1])
         assert node["metadata"]["annotations"][keys.NODE_LOCK].endswith(f",{namespace},big")
         # too big for every node: stays pending, with hami's reasons in the event
-        await create_pod(api_client, namespace, gpu_pod("huge", mem=50000))
+        await create_pod(kube, namespace, gpu_pod("huge", mem=50000))
 
         async def reported() -> bool:
-            pod = await patch.get_pod(api_client, namespace, "huge")
+            pod = await kube.get_pod(namespace, "huge")
             conditions = (pod.get("status") or {}).get("conditions") or []
             return any(c.get("reason") == "Unschedulable" for c in conditions)
 
         await poll(reported, 30)
-        pod = await patch.get_pod(api_client, namespace, "huge")
+        pod = await kube.get_pod(namespace, "huge")
         message = next(
             c["message"] for c in pod["status"]["conditions"] if c.get("reason") == "Unschedulable"
         )

@@ -4,7 +4,6 @@ server was down) does not count as usage when a scheduler lists it."""
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
 from _sched_helpers import (
     T0,
@@ -19,11 +18,12 @@ from _sched_helpers import (
     unique,
 )
 
+from hami.kube.client import Kube
 from hami.testkit.cluster import poll
 
 
 async def test_a_listed_decision_that_was_never_bound_holds_nothing(
-    api_client: Any, namespace: str
+    kube: Kube, namespace: str
 ) -> None:
     name = unique("lapse")
     uuid = f"GPU-{name}-0"
@@ -31,7 +31,7 @@ async def test_a_listed_decision_that_was_never_bound_holds_nothing(
         "hami.io/node-nvidia-register": register([uuid], memory=10000, count=5),
         "hami.io/node-handshake-nvidia": "Reported_2024-05-20 09:59:50",
     }
-    await create_node(api_client, name, annotations)
+    await create_node(kube, name, annotations)
     value = f"{uuid},NVIDIA,8000,0:;"
     lost = gpu_pod("lost", mem=8000)
     lost["metadata"]["annotations"] = {
@@ -47,22 +47,22 @@ async def test_a_listed_decision_that_was_never_bound_holds_nothing(
         "hami.io/vgpu-time": str(int((T0 - timedelta(seconds=10)).timestamp())),
     }
     try:
-        await create_pod(api_client, namespace, lost)
-        async with running_scheduler(api_client, FakeClock()) as role:
+        await create_pod(kube, namespace, lost)
+        async with running_scheduler(kube, FakeClock()) as role:
             cluster = role.scheduler.cluster
             await poll(lambda: f"{namespace}/lost" in cluster.lapsed and name in cluster.nodes)
             assert name not in cluster.usage_snapshot()
-            pod = await create_pod(api_client, namespace, gpu_pod("p", mem=8000))
+            pod = await create_pod(kube, namespace, gpu_pod("p", mem=8000))
             answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": [name]})
             assert answer["NodeNames"] == [name], answer
         # decisions still inside their deadline (their binds may be running) do count:
         # "fresh" and the one just written for "p"; "lost" still does not
-        await create_pod(api_client, namespace, fresh)
-        async with running_scheduler(api_client, FakeClock()) as role:
+        await create_pod(kube, namespace, fresh)
+        async with running_scheduler(kube, FakeClock()) as role:
             cluster = role.scheduler.cluster
             await poll(lambda: f"{namespace}/fresh" in cluster.pods)
             await poll(lambda: f"{namespace}/p" in cluster.pods)
             assert cluster.usage_snapshot()[name] == {uuid: (2, 16000, 0)}
             assert f"{namespace}/lost" in cluster.lapsed
     finally:
-        await delete_nodes(api_client, [name])
+        await delete_nodes(kube, [name])

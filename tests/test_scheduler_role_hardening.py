@@ -23,7 +23,7 @@ from _sched_helpers import FakeClock, running_scheduler, scheduler_config
 from kubernetes_asyncio import client
 
 from hami import config
-from hami.kube.client import load_configuration
+from hami.kube.client import Kube, load_configuration
 from hami.scheduler import http as sched_http
 from hami.scheduler import role as role_mod
 from hami.scheduler.role import SchedulerRole
@@ -99,11 +99,11 @@ class _Proxy:
 
 
 @contextlib.asynccontextmanager
-async def _api_through(proxy: _Proxy, kubeconfig: Path) -> AsyncIterator[Any]:
+async def _kube_through(proxy: _Proxy, kubeconfig: Path) -> AsyncIterator[Kube]:
     configuration = await load_configuration(str(kubeconfig))
     configuration.host = f"https://127.0.0.1:{proxy.port}"
     async with client.ApiClient(configuration) as api:
-        yield api
+        yield Kube(api)
 
 
 async def test_readyz_follows_the_watches(kubeconfig: Path) -> None:
@@ -112,8 +112,8 @@ async def test_readyz_follows_the_watches(kubeconfig: Path) -> None:
     proxy = _Proxy((host, int(port)))
     await proxy.start()
     async with (
-        _api_through(proxy, kubeconfig) as api,
-        SchedulerRole(scheduler_config(), api, handshake_loop=False, stale_grace=0.2) as role,
+        _kube_through(proxy, kubeconfig) as kube,
+        SchedulerRole(scheduler_config(), kube, handshake_loop=False, stale_grace=0.2) as role,
         aiohttp.ClientSession() as http,
     ):
         await role.wait_ready()
@@ -154,7 +154,7 @@ def _write_pair(directory: Path, name: str, pair: tuple[bytes, bytes]) -> tuple[
     return str(cert), str(key)
 
 
-async def test_tls_extender_requires_a_client_certificate(api_client: Any, tmp_path: Path) -> None:
+async def test_tls_extender_requires_a_client_certificate(kube: Kube, tmp_path: Path) -> None:
     ca, other_ca = CertificateAuthority("extender-ca"), CertificateAuthority("stranger-ca")
     (tmp_path / "ca.crt").write_bytes(ca.cert_pem)
     cert, key = _write_pair(tmp_path, "server", ca.issue("hami", hosts=["127.0.0.1"], server=True))
@@ -170,7 +170,7 @@ async def test_tls_extender_requires_a_client_certificate(api_client: Any, tmp_p
         return ctx
 
     body = {"Pod": {"metadata": {"name": "p", "namespace": "n"}}, "NodeNames": ["a"]}
-    async with running_scheduler(api_client, FakeClock(), cfg) as role:
+    async with running_scheduler(kube, FakeClock(), cfg) as role:
         assert role.url.startswith("https://127.0.0.1:")
 
         async def post(pair: tuple[str, str] | None) -> Any:
@@ -212,12 +212,10 @@ def _port(url: str) -> int:
     return int(url.rsplit(":", 1)[1])
 
 
-async def test_slow_clients_are_disconnected(
-    api_client: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_slow_clients_are_disconnected(kube: Kube, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sched_http, "HEADER_TIMEOUT", 0.5)
     monkeypatch.setattr(sched_http, "BODY_TIMEOUT", 0.5)
-    async with running_scheduler(api_client, FakeClock()) as role:
+    async with running_scheduler(kube, FakeClock()) as role:
         for url in (role.url, role.probe_url):
             # slow-loris: half a request head, then nothing; and an idle connection
             half, _ = await _raw(_port(url), b"POST /filter HTTP/1.1\r\nHost: x\r\n")
@@ -232,8 +230,8 @@ async def test_slow_clients_are_disconnected(
         assert b"not received within" in answer
 
 
-async def test_oversized_body_is_refused_before_it_is_read(api_client: Any) -> None:
-    async with running_scheduler(api_client, FakeClock()) as role:
+async def test_oversized_body_is_refused_before_it_is_read(kube: Kube) -> None:
+    async with running_scheduler(kube, FakeClock()) as role:
         size = 16 * 1024 * 1024
         head = f"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n\r\n".encode()
         big, big_writer = await _raw(_port(role.url), head)

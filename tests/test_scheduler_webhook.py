@@ -23,7 +23,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from hami import config
-from hami.kube.raw import KubeError, request
+from hami.kube.client import Kube
+from hami.kube.raw import KubeError
 from hami.scheduler.http import build_app
 from hami.scheduler.service import Scheduler
 from hami.scheduler.webhook import ReloadingTLS, WebhookTLSError, review
@@ -300,7 +301,7 @@ def test_missing_certificate_names_the_files_and_the_fix(tmp_path: Path) -> None
 
 
 @contextlib.asynccontextmanager
-async def webhook_for(controlplane: Any, api: Any, namespace: str, workdir: Path) -> Any:
+async def webhook_for(controlplane: Any, kube: Kube, namespace: str, workdir: Path) -> Any:
     """The webhook served over TLS and registered with the API server for one namespace."""
     cert, key = controlplane.ca.issue("hami-webhook", hosts=["127.0.0.1"], server=True)
     (workdir / "tls.crt").write_bytes(cert)
@@ -343,36 +344,36 @@ async def webhook_for(controlplane: Any, api: Any, namespace: str, workdir: Path
             }
         ],
     }
-    await request(api, "POST", configurations, body=registration)
+    await kube.request("POST", configurations, body=registration)
     try:
         yield
     finally:
         with contextlib.suppress(KubeError):
-            await request(api, "DELETE", f"{configurations}/{name}")
+            await kube.request("DELETE", f"{configurations}/{name}")
         await runner.cleanup()
 
 
-async def create_pod(api: Any, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+async def create_pod(kube: Kube, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
     body = {"apiVersion": "v1", "kind": "Pod", **body}
     body["metadata"] = {**body["metadata"], "namespace": namespace}
     for container in body["spec"]["containers"] + body["spec"].get("initContainers", []):
         container.setdefault("image", "busybox")
-    created: dict[str, Any] = await request(
-        api, "POST", f"/api/v1/namespaces/{namespace}/pods", body=body
+    created: dict[str, Any] = await kube.request(
+        "POST", f"/api/v1/namespaces/{namespace}/pods", body=body
     )
     return created
 
 
 async def test_admission_chain_cleans_forged_pods_and_denies_bypasses(
-    controlplane: Any, api_client: Any, namespace: str, tmp_path: Path
+    controlplane: Any, kube: Kube, namespace: str, tmp_path: Path
 ) -> None:
-    async with webhook_for(controlplane, api_client, namespace, tmp_path):
+    async with webhook_for(controlplane, kube, namespace, tmp_path):
         # The registration takes effect within a moment: wait for the first patched pod.
         async with asyncio.timeout(20):
             while True:
                 probe = pod({"nvidia.com/gpu": "1"})
                 probe["metadata"] = {"generateName": "probe-"}
-                created = await create_pod(api_client, namespace, probe)
+                created = await create_pod(kube, namespace, probe)
                 if created["spec"].get("schedulerName") == "hami-scheduler":
                     break
                 await asyncio.sleep(0.2)
@@ -380,11 +381,11 @@ async def test_admission_chain_cleans_forged_pods_and_denies_bypasses(
         plain = with_annotations(pod({"cpu": "100m"}), {**FORGED, **KEPT})
         plain["metadata"]["name"] = "forged-plain"
         plain["spec"]["nodeName"] = "node-a"
-        stored = await create_pod(api_client, namespace, plain)
+        stored = await create_pod(kube, namespace, plain)
         assert stored["metadata"]["annotations"] == KEPT
         managed = with_annotations(pod({"nvidia.com/gpu": "1"}), FORGED)
         managed["metadata"]["name"] = "forged-managed"
-        stored = await create_pod(api_client, namespace, managed)
+        stored = await create_pod(kube, namespace, managed)
         assert not stored["metadata"].get("annotations")
         assert stored["spec"]["schedulerName"] == "hami-scheduler"
         # bypassing the scheduler and privileged sharing are refused, saying why
@@ -392,11 +393,11 @@ async def test_admission_chain_cleans_forged_pods_and_denies_bypasses(
         bypass["metadata"]["name"] = "bypass"
         bypass["spec"]["nodeName"] = "node-a"
         with pytest.raises(KubeError) as denied:
-            await create_pod(api_client, namespace, bypass)
+            await create_pod(kube, namespace, bypass)
         assert denied.value.status == 403 and "spec.nodeName=node-a" in str(denied.value)
         privileged = pod({"nvidia.com/gpu": "1"})
         privileged["metadata"]["name"] = "privileged"
         privileged["spec"]["containers"][0]["securityContext"] = {"privileged": True}
         with pytest.raises(KubeError) as denied:
-            await create_pod(api_client, namespace, privileged)
+            await create_pod(kube, namespace, privileged)
         assert "is privileged" in str(denied.value)

@@ -1,20 +1,297 @@
-"""One place that builds the API client: in-cluster, else a kubeconfig file."""
+"""The one Kubernetes client of both roles and the test kit: ``Kube``.
+
+``open_client`` builds it (in-cluster, else a kubeconfig file). Every method speaks plain
+JSON dicts (the generated models cost far more to build than the JSON they come from, and
+the roles read only a few fields) and follows one retry policy (``hami.kube.raw``): capped
+exponential back-off with full jitter on HTTP 429 (honouring ``Retry-After``), 5xx and
+connection errors; a request that may have been applied already (a POST that reached the
+server) is not repeated. ``with_retry`` gives the same session with another policy, e.g.
+``PATIENT_RETRY`` for kubelet's Allocate, which has no deadline of its own. Errors are
+``hami.kube.raw``'s: ``KubeError`` and its ``NotFound``, ``Conflict``, ``Gone`` and
+``Unreachable``.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client, config
 
-from hami import log
+from hami.kube.raw import (
+    DEFAULT_RETRY,
+    DEFAULT_TIMEOUT,
+    JSON,
+    MERGE_PATCH,
+    STATUS_ERRORS,
+    KubeError,
+    RetryPolicy,
+    Unreachable,
+    parse_retry_after,
+    with_retry,
+)
 
-_log = log.get(__name__)
+Query = Sequence[tuple[str, Any]]
+Timeout = float | aiohttp.ClientTimeout | None
+LIST_TIMEOUT = 120.0
+PAGE_SIZE = 500
 
 
 class KubeConfigError(RuntimeError):
     """No way to reach the API server was found; the message says which were tried."""
+
+
+def node_path(name: str) -> str:
+    return f"/api/v1/nodes/{name}"
+
+
+def pod_path(namespace: str, name: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/pods/{name}"
+
+
+def pods_path(namespace: str | None = None) -> str:
+    return f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
+
+
+def annotation_patch(
+    annotations: Mapping[str, str | None], resource_version: str | None = None
+) -> JSON:
+    """A merge patch of annotations (None deletes a key); with ``resource_version`` the API
+    server rejects it with 409 if the object changed since."""
+    meta: JSON = {"annotations": dict(annotations)}
+    if resource_version is not None:
+        meta["resourceVersion"] = resource_version
+    return {"metadata": meta}
+
+
+class Kube:
+    """An authenticated session to the API server plus the retry policy its requests follow.
+
+    ``api`` is the underlying kubernetes_asyncio ``ApiClient`` (its configuration and
+    default headers), for the rare code that needs it; everything else goes through the
+    methods. ``sleep`` and ``clock`` drive the retry back-off (injectable for tests)."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        *,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.api = api
+        self.retry = retry
+        self._sleep = sleep
+        self._clock = clock
+
+    def with_retry(self, policy: RetryPolicy) -> Kube:
+        """The same session, with ``policy`` for every request."""
+        return Kube(self.api, policy, sleep=self._sleep, clock=self._clock)
+
+    # ------------------------------------------------------------------ generic
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: Query = (),
+        content_type: str = "application/json",
+        request_timeout: float = DEFAULT_TIMEOUT,
+    ) -> JSON:
+        """Send a request (retried as the policy says); the decoded JSON body."""
+
+        async def attempt() -> JSON:
+            response = await self._open(method, path, body, query, content_type, request_timeout)
+            try:
+                data = await response.read()
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                raise Unreachable(repr(exc), path, sent=True) from exc
+            finally:
+                response.release()
+            decoded: JSON = json.loads(data) if data else {}
+            return decoded
+
+        result: JSON = await with_retry(method, attempt, self.retry, self._sleep, self._clock)
+        return result
+
+    @asynccontextmanager
+    async def stream(
+        self, path: str, *, query: Query = (), request_timeout: Timeout = None
+    ) -> AsyncIterator[AsyncIterator[JSON]]:
+        """A watch: the JSON objects of a line-delimited answer, as they arrive. Not
+        retried (a watcher re-lists and backs off itself); the answer is released on exit.
+        A line that is not JSON raises ValueError."""
+        response = await self._open("GET", path, None, query, "application/json", request_timeout)
+        try:
+            yield _json_lines(response)
+        finally:
+            response.release()
+
+    async def list_all(
+        self,
+        path: str,
+        *,
+        query: Query = (),
+        page_size: int = PAGE_SIZE,
+        request_timeout: float = LIST_TIMEOUT,
+    ) -> tuple[list[JSON], str]:
+        """Every item of a list, fetched ``page_size`` at a time (``limit``/``continue``),
+        and the list's resourceVersion (the snapshot a watch continues from). An expired
+        continue token raises Gone: the caller lists again from the start."""
+        items: list[JSON] = []
+        token: str | None = None
+        while True:
+            page = await self.request(
+                "GET",
+                path,
+                query=[*query, ("limit", page_size), ("continue", token)],
+                request_timeout=request_timeout,
+            )
+            items.extend(page.get("items") or [])
+            meta = page.get("metadata") or {}
+            token = meta.get("continue") or None
+            if not token:
+                return items, str(meta.get("resourceVersion") or "")
+
+    async def create(self, path: str, body: Any) -> JSON:
+        """POST ``body`` to a collection (or a subresource such as a Binding)."""
+        return await self.request("POST", path, body=body)
+
+    async def delete(self, path: str, body: Any = None, *, query: Query = ()) -> JSON:
+        return await self.request("DELETE", path, body=body, query=query)
+
+    async def merge_patch(self, path: str, body: Any) -> JSON:
+        """A JSON merge patch (labels, taints, a status subresource, ...)."""
+        return await self.request("PATCH", path, body=body, content_type=MERGE_PATCH)
+
+    # ------------------------------------------------------------------ nodes and pods
+
+    async def get_node(self, name: str) -> JSON:
+        return await self.request("GET", node_path(name))
+
+    async def get_pod(self, namespace: str, name: str) -> JSON:
+        return await self.request("GET", pod_path(namespace, name))
+
+    async def list_pods(
+        self,
+        *,
+        namespace: str | None = None,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+    ) -> list[JSON]:
+        query = [("fieldSelector", field_selector), ("labelSelector", label_selector)]
+        items, _version = await self.list_all(pods_path(namespace), query=query)
+        return items
+
+    async def patch_node_annotations(
+        self,
+        name: str,
+        annotations: Mapping[str, str | None],
+        resource_version: str | None = None,
+    ) -> JSON:
+        """Merge-patch a Node's annotations (None deletes a key); 409 raises Conflict."""
+        return await self.merge_patch(
+            node_path(name), annotation_patch(annotations, resource_version)
+        )
+
+    async def patch_pod_annotations(
+        self,
+        namespace: str,
+        name: str,
+        annotations: Mapping[str, str | None],
+        resource_version: str | None = None,
+    ) -> JSON:
+        """Merge-patch a Pod's annotations (None deletes a key); 409 raises Conflict."""
+        return await self.merge_patch(
+            pod_path(namespace, name), annotation_patch(annotations, resource_version)
+        )
+
+    async def bind_pod(self, namespace: str, name: str, uid: str | None, node: str) -> None:
+        """Create the pod's Binding to ``node`` (what kube-scheduler's default binder does)."""
+        body: JSON = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": namespace},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        if uid:
+            body["metadata"]["uid"] = uid
+        await self.create(pod_path(namespace, name) + "/binding", body)
+
+    # ------------------------------------------------------------------ one try
+
+    async def _open(
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        query: Query,
+        content_type: str,
+        request_timeout: Timeout,
+    ) -> aiohttp.ClientResponse:
+        """Start one request; the aiohttp response, its status already checked."""
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        try:
+            response: aiohttp.ClientResponse = await self.api.call_api(
+                path,
+                method,
+                query_params=[(k, v) for k, v in query if v is not None],
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _return_http_data_only=True,
+                _request_timeout=request_timeout,
+            )
+        except client.exceptions.ApiException as exc:
+            raise KubeError(exc.status or 0, str(exc.reason), str(exc.body or ""), path) from exc
+        except aiohttp.ClientConnectorError as exc:
+            # Refused or unresolvable: the request never left this process.
+            raise Unreachable(repr(exc), path, sent=False) from exc
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise Unreachable(repr(exc), path, sent=True) from exc
+        if not 200 <= response.status <= 299:
+            raise await _status_error(response, path)
+        return response
+
+
+async def _status_error(response: aiohttp.ClientResponse, path: str) -> KubeError:
+    try:
+        text = (await response.read()).decode("utf-8", "replace")
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        text = repr(exc)
+    finally:
+        response.release()
+    message = text
+    with contextlib.suppress(ValueError, AttributeError):
+        message = json.loads(text).get("message", text)
+    error = STATUS_ERRORS.get(response.status, KubeError)(
+        response.status, str(response.reason), message, path
+    )
+    error.retry_after = parse_retry_after(response.headers.get("Retry-After"))
+    return error
+
+
+async def _json_lines(response: aiohttp.ClientResponse) -> AsyncIterator[JSON]:
+    buffer = b""
+    async for chunk in response.content.iter_any():
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            if line.strip():
+                event: JSON = json.loads(line)
+                yield event
+
+
+# --------------------------------------------------------------------------- construction
 
 
 async def load_configuration(kubeconfig: str | None = None) -> client.Configuration:
@@ -41,8 +318,10 @@ def _default_kubeconfig() -> str:
 
 
 @asynccontextmanager
-async def open_client(kubeconfig: str | None = None) -> AsyncIterator[client.ApiClient]:
-    """An ApiClient whose HTTP session is closed on exit."""
-    configuration = await load_configuration(kubeconfig)
+async def open_client(
+    kubeconfig: str | os.PathLike[str] | None = None, retry: RetryPolicy = DEFAULT_RETRY
+) -> AsyncIterator[Kube]:
+    """A ``Kube`` whose HTTP session is closed on exit."""
+    configuration = await load_configuration(os.fspath(kubeconfig) if kubeconfig else None)
     async with client.ApiClient(configuration) as api:
-        yield api
+        yield Kube(api, retry)

@@ -7,11 +7,10 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes_asyncio import client
-
 from hami import log
+from hami.kube.client import Kube
 from hami.kube.objects import metadata_of
-from hami.kube.raw import KubeError, request
+from hami.kube.raw import KubeError
 from hami.protocol.nodelock import rfc3339
 
 _log = log.get(__name__)
@@ -19,7 +18,7 @@ MAX_MESSAGE = 1024  # the API server rejects longer event messages
 
 
 async def emit_pod_event(
-    api: client.ApiClient,
+    kube: Kube,
     pod: Mapping[str, Any],
     reason: str,
     message: str,
@@ -55,7 +54,7 @@ async def emit_pod_event(
         "reportingComponent": component,
     }
     try:
-        await request(api, "POST", f"/api/v1/namespaces/{namespace}/events", body=body)
+        await kube.create(f"/api/v1/namespaces/{namespace}/events", body)
     except KubeError as exc:
         _log.warning(
             "event not recorded",

@@ -1,26 +1,17 @@
-"""Raw JSON requests through kubernetes_asyncio's authenticated session.
+"""The API server's errors and the one retry policy of ``hami.kube.client.Kube``.
 
-The generated models cost far more to build than the JSON they come from, and the roles
-only read a few fields, so everything here speaks plain dicts.
-
-Every ``request`` follows one retry policy (``RetryPolicy``): capped exponential back-off
-with full jitter, on HTTP 429 (honouring ``Retry-After``), on 5xx answers and on connection
-errors; requests that may have been applied already (a POST that reached the server) are
-not repeated. ``list_all`` pages through big lists with ``limit``/``continue``.
+``RetryPolicy``: capped exponential back-off with full jitter, on HTTP 429 (honouring
+``Retry-After``), on 5xx answers and on connection errors; requests that may have been
+applied already (a POST that reached the server) are not repeated.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
-
-import aiohttp
-from kubernetes_asyncio import client
 
 JSON = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
@@ -51,7 +42,7 @@ class Gone(KubeError):
     """410: a watch or list resourceVersion is too old."""
 
 
-_BY_STATUS: dict[int, type[KubeError]] = {404: NotFound, 409: Conflict, 410: Gone}
+STATUS_ERRORS: dict[int, type[KubeError]] = {404: NotFound, 409: Conflict, 410: Gone}
 
 # Methods whose repetition cannot do anything the first try did not (a merge patch of the
 # same annotations, or one guarded by resourceVersion, which then fails with 409).
@@ -106,7 +97,7 @@ def should_retry(method: str, error: KubeError) -> bool:
     return error.status in _RETRY_STATUS and method.upper() in _IDEMPOTENT
 
 
-def _parse_retry_after(value: str | None) -> float | None:
+def parse_retry_after(value: str | None) -> float | None:
     if not value:
         return None
     try:
@@ -139,117 +130,3 @@ async def with_retry(
                 raise
             await sleep(wait)
             tries += 1
-
-
-async def request(
-    api: client.ApiClient,
-    method: str,
-    path: str,
-    *,
-    body: Any = None,
-    query: Sequence[tuple[str, Any]] = (),
-    content_type: str = "application/json",
-    request_timeout: float = DEFAULT_TIMEOUT,
-    retry: RetryPolicy = DEFAULT_RETRY,
-) -> JSON:
-    """Send a request (retried as ``retry`` says) and return the decoded JSON body; errors
-    raise KubeError."""
-
-    async def attempt() -> JSON:
-        response = await open_stream(
-            api,
-            method,
-            path,
-            body=body,
-            query=query,
-            content_type=content_type,
-            request_timeout=request_timeout,
-        )
-        try:
-            data = await response.read()
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise Unreachable(repr(exc), path, sent=True) from exc
-        finally:
-            response.release()
-        decoded: JSON = json.loads(data) if data else {}
-        return decoded
-
-    result: JSON = await with_retry(method, attempt, retry)
-    return result
-
-
-async def list_all(
-    api: client.ApiClient,
-    path: str,
-    *,
-    query: Sequence[tuple[str, Any]] = (),
-    page_size: int = 500,
-    request_timeout: float = 120.0,
-    retry: RetryPolicy = DEFAULT_RETRY,
-) -> tuple[list[JSON], str]:
-    """Every item of a list, fetched ``page_size`` at a time, and the list's
-    resourceVersion (the snapshot a watch continues from). An expired continue token
-    raises Gone: the caller lists again from the start."""
-    items: list[JSON] = []
-    token: str | None = None
-    while True:
-        page = await request(
-            api,
-            "GET",
-            path,
-            query=[*query, ("limit", page_size), ("continue", token)],
-            request_timeout=request_timeout,
-            retry=retry,
-        )
-        items.extend(page.get("items") or [])
-        meta = page.get("metadata") or {}
-        token = meta.get("continue") or None
-        if not token:
-            return items, str(meta.get("resourceVersion") or "")
-
-
-async def open_stream(
-    api: client.ApiClient,
-    method: str,
-    path: str,
-    *,
-    body: Any = None,
-    query: Sequence[tuple[str, Any]] = (),
-    content_type: str = "application/json",
-    request_timeout: float | aiohttp.ClientTimeout | None = DEFAULT_TIMEOUT,
-) -> Any:
-    """Start a request and return the aiohttp response, status already checked."""
-    headers = {"Accept": "application/json", "Content-Type": content_type}
-    try:
-        response = await api.call_api(
-            path,
-            method,
-            query_params=[(k, v) for k, v in query if v is not None],
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _return_http_data_only=True,
-            _request_timeout=request_timeout,
-        )
-    except client.exceptions.ApiException as exc:
-        raise KubeError(exc.status or 0, str(exc.reason), str(exc.body or ""), path) from exc
-    except aiohttp.ClientConnectorError as exc:
-        # Refused or unresolvable: the request never left this process.
-        raise Unreachable(repr(exc), path, sent=False) from exc
-    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-        raise Unreachable(repr(exc), path, sent=True) from exc
-    if not 200 <= response.status <= 299:
-        try:
-            text = (await response.read()).decode("utf-8", "replace")
-        finally:
-            response.release()
-        message = text
-        with contextlib.suppress(ValueError, AttributeError):
-            message = json.loads(text).get("message", text)
-        error = _BY_STATUS.get(response.status, KubeError)(
-            response.status, str(response.reason), message, path
-        )
-        error.retry_after = _parse_retry_after(response.headers.get("Retry-After"))
-        raise error
-    return response

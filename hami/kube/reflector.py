@@ -3,7 +3,8 @@
 The handler sees only ``ADDED``, ``MODIFIED`` and ``DELETED``. After a (re-)list the
 reflector diffs the listed objects against what it reported before, so objects deleted
 while the watch was down are reported as ``DELETED`` and unchanged ones are not repeated.
-410 Gone re-lists; any other failure reconnects with capped exponential back-off.
+The list is paged (``limit``/``continue``); 410 Gone (an expired watch or continue
+token) re-lists from the start; any other failure reconnects with capped exponential back-off.
 
 A handler that raises is logged with the object's key and the stream goes on: one bad
 object must not end the watch. ``down_for()`` says how long the stream has been broken
@@ -13,17 +14,16 @@ object must not end the watch. ``down_for()`` says how long the stream has been 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 from typing import Any
 
 import aiohttp
-from kubernetes_asyncio import client
 
 from hami import log
+from hami.kube.client import PAGE_SIZE, Kube
 from hami.kube.objects import metadata_of
-from hami.kube.raw import JSON, Gone, KubeError, open_stream, request
+from hami.kube.raw import JSON, Gone, KubeError
 
 Handler = Callable[[str, JSON], None]
 WATCH_SECONDS = 300
@@ -38,7 +38,7 @@ def object_key(obj: JSON) -> str:
 class Reflector:
     def __init__(
         self,
-        api: client.ApiClient,
+        kube: Kube,
         path: str,
         handler: Handler,
         *,
@@ -46,15 +46,17 @@ class Reflector:
         field_selector: str | None = None,
         label_selector: str | None = None,
         max_backoff: float = 30.0,
+        page_size: int = PAGE_SIZE,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.api = api
+        self.kube = kube
         self.path = path  # e.g. /api/v1/pods, /api/v1/nodes
         self.handler = handler
         self.name = name
         self.field_selector = field_selector
         self.label_selector = label_selector
         self.max_backoff = max_backoff
+        self.page_size = page_size
         self.synced = asyncio.Event()
         self.resource_version = ""
         self._known: dict[str, str] = {}  # key -> resourceVersion last reported
@@ -107,11 +109,9 @@ class Reflector:
         return [("fieldSelector", self.field_selector), ("labelSelector", self.label_selector)]
 
     async def _list(self) -> None:
-        listed = await request(
-            self.api, "GET", self.path, query=self._selectors(), request_timeout=120
+        items, self.resource_version = await self.kube.list_all(
+            self.path, query=self._selectors(), page_size=self.page_size
         )
-        self.resource_version = str(metadata_of(listed).get("resourceVersion", ""))
-        items: list[JSON] = listed.get("items") or []
         seen: set[str] = set()
         for obj in items:
             key = object_key(obj)
@@ -139,23 +139,12 @@ class Reflector:
             ("timeoutSeconds", WATCH_SECONDS),
         ]
         timeout = aiohttp.ClientTimeout(sock_connect=10, sock_read=WATCH_SECONDS + 30)
-        response = await open_stream(
-            self.api, "GET", self.path, query=query, request_timeout=timeout
-        )
-        self._broken_since = None  # a list and an open watch: the picture is current again
-        try:
-            buffer = b""
-            async for chunk in response.content.iter_any():
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    if line.strip():
-                        self._on_line(line)
-        finally:
-            response.release()
+        async with self.kube.stream(self.path, query=query, request_timeout=timeout) as events:
+            self._broken_since = None  # a list and an open watch: the picture is current again
+            async for event in events:
+                self._on_event(event)
 
-    def _on_line(self, line: bytes) -> None:
-        event = json.loads(line)
+    def _on_event(self, event: JSON) -> None:
         kind = event.get("type")
         obj: JSON = event.get("object") or {}
         if kind == "ERROR":

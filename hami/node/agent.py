@@ -1,6 +1,6 @@
 """``NodeAgent``: the node role as an object, so tests and demos can run several in one process.
 
-    agent = NodeAgent(cfg, node_name="node-a", api=api_client, backends={"fake": backend},
+    agent = NodeAgent(cfg, node_name="node-a", kube=kube, backends={"fake": backend},
                       register_period=1.0, device_plugin_dir="/tmp/hk-x/0", http_port=0)
     task = asyncio.create_task(agent.run())
     await agent.wait_ready()
@@ -21,13 +21,14 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from hami import config, log
 from hami.backends import registry
 from hami.backends.base import Backend, BackendError
+from hami.kube.raw import PATIENT_RETRY, RetryPolicy
 from hami.node import http
-from hami.node.allocate import Allocator, KubeCalls, kube_calls
+from hami.node.allocate import Allocator, NodeKube
 from hami.node.metrics import NodeMetrics
 from hami.node.plugin import PluginServer
 from hami.node.registration import Registrar
@@ -35,6 +36,13 @@ from hami.node.state import DeviceState
 
 _log = log.get(__name__)
 T = TypeVar("T")
+
+
+class AgentKube(NodeKube, Protocol):
+    """The agent's client (``hami.kube.client.Kube``): the node's calls, and the same
+    session under another retry policy (the Allocator's patient one)."""
+
+    def with_retry(self, policy: RetryPolicy) -> NodeKube: ...
 
 
 class _Stopped(Exception):
@@ -47,9 +55,8 @@ class NodeAgent:
         cfg: config.Config,
         *,
         node_name: str | None = None,
-        api: Any = None,
+        kube: AgentKube | None = None,
         kubeconfig: str | None = None,
-        kube: KubeCalls | None = None,
         backends: Mapping[str, Backend] | Sequence[Backend] | None = None,
         register_period: float | None = None,
         device_plugin_dir: str | None = None,
@@ -65,7 +72,6 @@ class NodeAgent:
         self.node = node_name or cfg.node.name
         if not self.node:
             raise ValueError("the node agent needs a node name (NODE_NAME or --node-name)")
-        self._api = api
         self._kubeconfig = kubeconfig if kubeconfig is not None else (cfg.kubeconfig or None)
         self._kube = kube
         if backends is None:
@@ -84,6 +90,8 @@ class NodeAgent:
         self.lock_timeout = timedelta(
             seconds=lock_timeout or cfg.scheduler.node_lock_timeout.seconds
         )
+        # the scheduler's setting: both sides judge a stalled lock holder by one rule
+        self.allocation_timeout = timedelta(seconds=cfg.scheduler.allocation_timeout.seconds)
         self.now = now or (lambda: datetime.now(UTC))
         self.metrics = NodeMetrics()
         self.states: dict[str, DeviceState] = {}
@@ -137,14 +145,17 @@ class NodeAgent:
             async with contextlib.AsyncExitStack() as stack:
                 kube = self._kube
                 if kube is None:
-                    api = self._api
-                    if api is None:
-                        from hami.kube.client import open_client
+                    from hami.kube.client import open_client
 
-                        api = await stack.enter_async_context(open_client(self._kubeconfig))
-                    kube = kube_calls(api)
+                    kube = await stack.enter_async_context(open_client(self._kubeconfig))
+                # kubelet waits for Allocate without a deadline and a pod whose Allocate
+                # fails is Failed for good: its calls wait out a short API server outage
                 self.allocator = Allocator(
-                    self.node, kube, lock_timeout=self.lock_timeout, now=self.now
+                    self.node,
+                    kube.with_retry(PATIENT_RETRY),
+                    lock_timeout=self.lock_timeout,
+                    allocation_timeout=self.allocation_timeout,
+                    now=self.now,
                 )
                 backends = self._given
                 if backends is None:
@@ -154,9 +165,6 @@ class NodeAgent:
                 self._pending = set(backends)
                 if not backends:
                     self._ready.set()
-
-                async def patch_node(annotations: Mapping[str, str | None]) -> object:
-                    return await kube.patch_node(self.node, annotations, None)
 
                 try:
                     async with asyncio.TaskGroup() as tg:
@@ -173,7 +181,7 @@ class NodeAgent:
                             tg.create_task(
                                 self._logged(
                                     f"backend[{name}]",
-                                    self._run_backend(tg, name, backend, patch_node),
+                                    self._run_backend(tg, name, backend, kube),
                                 ),
                                 name=f"backend[{name}]",
                             )
@@ -235,7 +243,7 @@ class NodeAgent:
         tg: asyncio.TaskGroup,
         name: str,
         backend: Backend,
-        patch_node: Callable[[Mapping[str, str | None]], Awaitable[object]],
+        kube: NodeKube,
     ) -> None:
         blog = self.log.bind(backend=name)
         devices = await self._enumerate(name, backend)
@@ -250,7 +258,7 @@ class NodeAgent:
         assert self.allocator is not None
         registrar = Registrar(
             state,
-            patch_node,
+            kube,
             period=self.period,
             metrics=self.metrics,
             now=self.now,

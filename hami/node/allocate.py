@@ -10,12 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
 import re
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Protocol
 
 from hami import log
 from hami.backends.base import (
@@ -27,6 +26,7 @@ from hami.backends.base import (
 )
 from hami.kube.nodelock import DEFAULT_ALLOCATION_TIMEOUT, LockRules, judge_holder, judge_value
 from hami.kube.objects import annotations_of, metadata_of, pod_containers
+from hami.kube.raw import JSON, Conflict, NotFound
 from hami.protocol import (
     ContainerDevice,
     ProtocolError,
@@ -40,7 +40,6 @@ from hami.protocol.keys import BindPhase
 from hami.protocol.nodelock import DEFAULT_LOCK_TIMEOUT, parse_unix_time
 
 _log = log.get(__name__)
-_T = TypeVar("_T")
 
 Pod = Mapping[str, Any]
 
@@ -319,49 +318,37 @@ def preferred_replicas(
 # --------------------------------------------------------------------------- I/O
 
 
-@dataclass
-class KubeCalls:
-    """The Kubernetes calls the allocator needs (plain JSON), injectable for tests."""
+class NodeKube(Protocol):
+    """The Kubernetes calls the node agent makes, as plain JSON (``hami.kube.client.Kube``
+    provides them; unit tests use an in-memory one). Errors are ``hami.kube.raw``'s:
+    ``NotFound`` and ``Conflict`` are told apart, any other ``KubeError`` is a failure."""
 
-    get_node: Callable[[str], Awaitable[dict[str, Any]]]
-    get_pod: Callable[[str, str], Awaitable[dict[str, Any]]]
-    list_pods: Callable[[str], Awaitable[list[dict[str, Any]]]]  # field selector
-    patch_node: Callable[[str, Mapping[str, str | None], str | None], Awaitable[Any]]
-    patch_pod: Callable[[str, str, Mapping[str, str | None]], Awaitable[Any]]
-    is_not_found: Callable[[BaseException], bool] = field(default=lambda exc: False)
-    is_conflict: Callable[[BaseException], bool] = field(default=lambda exc: False)
-    # the API server is away (unreachable, 429, 5xx): worth waiting for
-    is_transient: Callable[[BaseException], bool] = field(default=lambda exc: False)
+    async def get_node(self, name: str) -> JSON: ...
 
+    async def get_pod(self, namespace: str, name: str) -> JSON: ...
 
-def kube_calls(api: Any) -> KubeCalls:
-    """KubeCalls over ``hami.kube.patch`` and an ApiClient."""
-    from hami.kube import patch
-    from hami.kube.raw import Conflict, KubeError, NotFound, should_retry
+    async def list_pods(
+        self,
+        *,
+        namespace: str | None = None,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+    ) -> list[JSON]: ...
 
-    async def list_pods(selector: str) -> list[dict[str, Any]]:
-        return await patch.list_pods(api, field_selector=selector)
+    async def patch_node_annotations(
+        self,
+        name: str,
+        annotations: Mapping[str, str | None],
+        resource_version: str | None = None,
+    ) -> JSON: ...
 
-    async def patch_node(name: str, annotations: Mapping[str, str | None], rv: str | None) -> Any:
-        return await patch.patch_node_annotations(api, name, annotations, rv)
-
-    async def patch_pod(ns: str, name: str, annotations: Mapping[str, str | None]) -> Any:
-        return await patch.patch_pod_annotations(api, ns, name, annotations)
-
-    def is_transient(exc: BaseException) -> bool:
-        # annotation merge patches repeat safely, so they count like reads here
-        return isinstance(exc, KubeError) and should_retry("GET", exc)
-
-    return KubeCalls(
-        get_node=lambda name: patch.get_node(api, name),
-        get_pod=lambda ns, name: patch.get_pod(api, ns, name),
-        list_pods=list_pods,
-        patch_node=patch_node,
-        patch_pod=patch_pod,
-        is_not_found=lambda exc: isinstance(exc, NotFound),
-        is_conflict=lambda exc: isinstance(exc, Conflict),
-        is_transient=is_transient,
-    )
+    async def patch_pod_annotations(
+        self,
+        namespace: str,
+        name: str,
+        annotations: Mapping[str, str | None],
+        resource_version: str | None = None,
+    ) -> JSON: ...
 
 
 class Allocator:
@@ -370,19 +357,16 @@ class Allocator:
     def __init__(
         self,
         node: str,
-        kube: KubeCalls,
+        kube: NodeKube,
         *,
         lock_timeout: timedelta = DEFAULT_LOCK_TIMEOUT,
         allocation_timeout: timedelta = DEFAULT_ALLOCATION_TIMEOUT,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
-        api_wait: float = 60.0,
-        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
     ) -> None:
         self.node = node
         # kubelet waits for Allocate without a deadline and a pod whose Allocate fails is
-        # Failed for good: an API server outage this long is waited out, not passed on
-        self.api_wait = api_wait
-        self.sleep = sleep
+        # Failed for good: the node agent hands a client with a patient retry policy
+        # (PATIENT_RETRY), so a short API server outage is waited out, not passed on
         self.kube = kube
         self.lock = asyncio.Lock()
         self.lock_timeout = lock_timeout
@@ -395,14 +379,13 @@ class Allocator:
         lock = parse_lock(annotations_of(node).get(keys.NODE_LOCK))
         lock_pod: Pod | None = None
         if lock is not None and lock.owner is not None:  # a legacy lock names no pod
-            try:
+            with contextlib.suppress(NotFound):
                 lock_pod = await self.kube.get_pod(lock.namespace, lock.pod)
-            except Exception as exc:
-                if not self.kube.is_not_found(exc):
-                    raise
         if lock_pod is not None and is_candidate(lock_pod, self.node, backend.to_allocate_key):
             return lock_pod, node
-        candidates = await self.kube.list_pods(f"spec.nodeName={self.node},status.phase=Pending")
+        candidates = await self.kube.list_pods(
+            field_selector=f"spec.nodeName={self.node},status.phase=Pending"
+        )
         # None: the lock's pod was just ruled out; choose_pod would decode it again.
         return choose_pod(self.node, backend.to_allocate_key, None, candidates), node
 
@@ -426,7 +409,7 @@ class Allocator:
         self, backend: Backend, requested: Sequence[int], node_devices: Sequence[Device]
     ) -> AllocationPlan:
         try:
-            pod, node = await self._patiently(lambda: self._find(backend))
+            pod, node = await self._find(backend)
         except Exception as exc:
             raise AllocateError(f"cannot read the node or its pods: {exc}") from None
         if pod is None:
@@ -449,9 +432,7 @@ class Allocator:
             raise AllocateError(f"cannot create host directory: {exc}", ref) from None
         meta = metadata_of(pod)
         try:
-            await self._patiently(
-                lambda: self.kube.patch_pod(meta["namespace"], meta["name"], plan.annotations)
-            )
+            await self.kube.patch_pod_annotations(meta["namespace"], meta["name"], plan.annotations)
         except Exception as exc:
             cause = f"cannot write {backend.to_allocate_key}: {exc}"
             await self._fail(pod, cause)
@@ -467,28 +448,12 @@ class Allocator:
         )
         return plan
 
-    async def _patiently(self, call: Callable[[], Awaitable[_T]]) -> _T:
-        """``call()``, tried again with capped, jittered back-off while the API server is
-        away, for up to ``api_wait`` seconds."""
-        waited, delay = 0.0, 0.2
-        while True:
-            try:
-                return await call()
-            except Exception as exc:
-                if not self.kube.is_transient(exc) or waited + delay > self.api_wait:
-                    raise
-                self.log.warning("api_unavailable_retrying", error=str(exc), waited=waited)
-            pause = random.uniform(delay / 2, delay)
-            await self.sleep(pause)
-            waited += pause
-            delay = min(delay * 2, 5.0)
-
     async def _fail(self, pod: Pod, cause: str) -> None:
         ref = pod_ref(pod)
         self.log.warning("allocate_failed", pod=ref, cause=cause)
         meta = metadata_of(pod)
         try:
-            await self.kube.patch_pod(
+            await self.kube.patch_pod_annotations(
                 meta["namespace"], meta["name"], {keys.BIND_PHASE: BindPhase.FAILED.value}
             )
         except Exception as exc:
@@ -512,12 +477,12 @@ class Allocator:
                 if value is None or (lock is not None and f"{lock.namespace}/{lock.pod}" != ref):
                     return
                 rv = metadata_of(node).get("resourceVersion")
-                await self.kube.patch_node(self.node, {keys.NODE_LOCK: None}, rv)
+                await self.kube.patch_node_annotations(self.node, {keys.NODE_LOCK: None}, rv)
                 self.log.debug("node_lock_released", pod=ref)
                 return
+            except Conflict:
+                continue
             except Exception as exc:
-                if self.kube.is_conflict(exc):
-                    continue
                 self.log.warning("node_lock_release_failed", pod=ref, error=str(exc))
                 return
         self.log.warning("node_lock_release_failed", pod=ref, error="kept conflicting")
@@ -534,16 +499,16 @@ class Allocator:
             lock = view.lock
             try:
                 holder: Pod | None = await self.kube.get_pod(lock.namespace, lock.pod)
-            except Exception as exc:
-                if not self.kube.is_not_found(exc):
-                    return  # cannot tell: leave it
+            except NotFound:
                 holder = None
+            except Exception:
+                return  # cannot tell: leave it
             verdict = judge_holder(lock, holder, self.node, now, self.rules)
             stale, reason = verdict.stale, verdict.reason
         if stale:
             rv = metadata_of(node).get("resourceVersion")
             with contextlib.suppress(Exception):
-                await self.kube.patch_node(self.node, {keys.NODE_LOCK: None}, rv)
+                await self.kube.patch_node_annotations(self.node, {keys.NODE_LOCK: None}, rv)
                 self.log.info("stale_node_lock_released", lock=value, reason=reason)
 
 

@@ -14,16 +14,15 @@ exponential back-off (1 s, 2 s, ... up to the period).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from hami import log
 from hami.backends.base import BackendError
+from hami.node.allocate import NodeKube
 from hami.node.metrics import NodeMetrics
 from hami.node.state import DeviceState
 from hami.protocol import encode_node_devices, handshake
-
-PatchNode = Callable[[Mapping[str, str | None]], Awaitable[object]]
 
 _log = log.get(__name__)
 
@@ -40,16 +39,17 @@ class Registrar:
     def __init__(
         self,
         state: DeviceState,
-        patch: PatchNode,
+        kube: NodeKube,
         *,
+        node: str,
         period: float,
         metrics: NodeMetrics,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
         min_backoff: float = 1.0,
-        node: str = "",
     ) -> None:
         self.state = state
-        self.patch = patch
+        self.kube = kube
+        self.node = node
         self.period = period
         self.metrics = metrics
         self.now = now
@@ -83,7 +83,7 @@ class Registrar:
         self.empty = False
         try:
             annotations = registration_annotations(self.state, now)
-            await self.patch(annotations)
+            await self.kube.patch_node_annotations(self.node, annotations)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

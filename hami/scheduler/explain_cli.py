@@ -18,7 +18,7 @@ from typing import Any
 from hami import config, log
 from hami.cliargs import add_common_flags, load_config
 from hami.kube.client import KubeConfigError, open_client
-from hami.kube.raw import KubeError, request
+from hami.kube.raw import KubeError
 
 
 def add_parser(subparsers: Any) -> None:
@@ -81,12 +81,13 @@ async def compute(cfg: config.Config, namespace: str, name: str) -> dict[str, An
     from hami.scheduler.role import device_kinds
     from hami.scheduler.service import Scheduler
 
-    async with open_client(cfg.kubeconfig or None) as api:
-        scheduler = Scheduler(cfg.scheduler, device_kinds(cfg), api, emit_events=False)
-        for node in (await request(api, "GET", "/api/v1/nodes")).get("items") or []:
+    async with open_client(cfg.kubeconfig or None) as kube:
+        scheduler = Scheduler(cfg.scheduler, device_kinds(cfg), kube, emit_events=False)
+        nodes, _ = await kube.list_all("/api/v1/nodes")
+        for node in nodes:
             scheduler.on_node("ADDED", node)
         scheduler.cluster.refresh(scheduler.clock.now())
-        for pod in (await request(api, "GET", "/api/v1/pods")).get("items") or []:
+        for pod in await kube.list_pods():
             scheduler.on_pod("ADDED", pod)
         return await scheduler.explain(namespace, name)
 

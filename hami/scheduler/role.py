@@ -2,7 +2,7 @@
 
 In-process use (tests, demos)::
 
-    async with SchedulerRole(cfg, api) as role:     # api: a kubernetes_asyncio ApiClient
+    async with SchedulerRole(cfg, kube) as role:    # kube: a hami.kube.client.Kube
         role.url            # http(s)://127.0.0.1:PORT  (extender: /filter, /bind, /explain)
         role.probe_url      # http://127.0.0.1:PORT  (/healthz, /readyz, /metrics)
         role.webhook_url    # https://127.0.0.1:PORT/webhook, or None when disabled
@@ -31,7 +31,7 @@ from hami import config, log
 from hami.backends import registry
 from hami.backends.base import BackendError
 from hami.core.requests import DeviceKind
-from hami.kube.client import KubeConfigError, open_client
+from hami.kube.client import Kube, KubeConfigError, open_client
 from hami.kube.reflector import Reflector
 from hami.scheduler.http import (
     ClientCertTLS,
@@ -78,7 +78,7 @@ class SchedulerRole:
     def __init__(
         self,
         cfg: config.Config,
-        api: Any,
+        kube: Kube,
         *,
         kinds: Sequence[DeviceKind] | None = None,
         clock: Clock | None = None,
@@ -87,11 +87,11 @@ class SchedulerRole:
         stale_grace: float = STALE_GRACE,
     ) -> None:
         self.cfg = cfg
-        self.api = api
+        self.kube = kube
         self.scheduler = Scheduler(
             cfg.scheduler,
             kinds if kinds is not None else device_kinds(cfg),
-            api,
+            kube,
             clock=clock,
             emit_events=emit_events,
         )
@@ -125,8 +125,8 @@ class SchedulerRole:
     async def start(self) -> None:
         sched = self.scheduler
         settings = self.cfg.scheduler
-        nodes = Reflector(self.api, "/api/v1/nodes", sched.on_node, name="nodes")
-        pods = Reflector(self.api, "/api/v1/pods", sched.on_pod, name="pods")
+        nodes = Reflector(self.kube, "/api/v1/nodes", sched.on_node, name="nodes")
+        pods = Reflector(self.kube, "/api/v1/pods", sched.on_pod, name="pods")
         self.reflectors = [nodes, pods]
         work: list[tuple[str, Work]] = [
             ("reflector-nodes", nodes.run),
@@ -315,8 +315,8 @@ async def main(cfg: config.Config) -> int:
             loop.add_signal_handler(sig, stop.set)
     try:
         async with (
-            open_client(cfg.kubeconfig or None) as api,
-            SchedulerRole(cfg, api, kinds=kinds) as role,
+            open_client(cfg.kubeconfig or None) as kube,
+            SchedulerRole(cfg, kube, kinds=kinds) as role,
         ):
             await role.serve(stop)
             _log.info("stopping")

@@ -1,8 +1,8 @@
 """The scheduler's behaviour: watch handlers, handshake pass, filter, bind and explain.
 
 The cluster state (``hami.core.cluster``) is pure; this module adds the Kubernetes I/O
-around it. Every call that touches the API goes through ``self.api`` (a kubernetes_asyncio
-``ApiClient``) and the helpers in ``hami.kube``; time comes from the injected ``now`` and
+around it. Every call that touches the API goes through ``self.kube``
+(``hami.kube.client.Kube``); time comes from the injected ``now`` and
 ``monotonic`` so timing is testable without sleeping.
 
 Concurrency: the event loop runs one coroutine at a time, and a decision plus its
@@ -26,7 +26,8 @@ from hami import log
 from hami.config import SchedulerConfig
 from hami.core.cluster import Cluster, Decision, PodRecord
 from hami.core.requests import DeviceKind, PodRequest, RequestError, parse_pod
-from hami.kube import events, patch
+from hami.kube import events
+from hami.kube.client import Kube
 from hami.kube.nodelock import (
     OWN_LOCK,
     LockRules,
@@ -89,14 +90,14 @@ class Scheduler:
         self,
         settings: SchedulerConfig,
         kinds: Sequence[DeviceKind],
-        api: Any,
+        kube: Kube | None,
         *,
         clock: Clock | None = None,
         emit_events: bool = True,
     ) -> None:
         self.settings = settings
         self.kinds = list(kinds)
-        self.api = api
+        self.kube = kube  # None: no API server (a filter-only or unit-test scheduler)
         self.clock = clock or Clock()
         self.emit_events = emit_events
         self.cluster = Cluster(
@@ -104,6 +105,7 @@ class Scheduler:
             handshake_timeout=timedelta(seconds=settings.handshake_timeout.seconds),
             node_policy=settings.node_policy,
             device_policy=settings.device_policy,
+            decision_timeout=timedelta(seconds=settings.decision_timeout.seconds),
         )
         self.metrics = SchedulerMetrics(self.cluster)
         self.lock_rules = LockRules(
@@ -166,7 +168,7 @@ class Scheduler:
             self.cluster.delete_pod(key)
             self._pod_errors.pop(key, None)
             return
-        errors = tuple(self.cluster.upsert_pod(obj))
+        errors = tuple(self.cluster.upsert_pod(obj, self.clock.now()))
         if errors != self._pod_errors.get(key, ()):
             for error in errors:
                 _log.error("pod device annotation rejected", pod=key, error=error)
@@ -196,11 +198,24 @@ class Scheduler:
         if event is not None:
             event.set()
 
+    @property
+    def _kube(self) -> Kube:
+        if self.kube is None:
+            raise RuntimeError("this scheduler was made without an API client")
+        return self.kube
+
     # ------------------------------------------------------------------ handshake
 
     async def handshake_pass(self) -> None:
         """One pass of protocol.md section 2 over every known node."""
-        writes, changes = self.cluster.refresh(self.clock.now())
+        now = self.clock.now()
+        for key in self.cluster.expire_decisions(now):
+            _log.info(
+                "decision lapsed: not bound in time, its devices are free again",
+                pod=key,
+                timeout=self.settings.decision_timeout.seconds,
+            )
+        writes, changes = self.cluster.refresh(now)
         self._log_changes(changes)
         if not self._handshake_announced:
             _log.info(
@@ -217,8 +232,8 @@ class Scheduler:
         async def write(node: str, annotations: Mapping[str, str], version: str) -> None:
             async with limit:
                 try:
-                    await patch.patch_node_annotations(
-                        self.api, node, annotations, resource_version=version or None
+                    await self._kube.patch_node_annotations(
+                        node, annotations, resource_version=version or None
                     )
                 except Conflict:
                     # The node changed since we read it: decide again on the next pass.
@@ -260,7 +275,7 @@ class Scheduler:
 
     async def _release_if_stale(self, node: str) -> None:
         try:
-            current = await patch.get_node(self.api, node)
+            current = await self._kube.get_node(node)
         except KubeError:
             return
         value = annotations_of(current).get(keys.NODE_LOCK)
@@ -270,7 +285,7 @@ class Scheduler:
             return  # free, or stale by its value alone: the next bind takes it over
         lock = view.lock
         try:
-            holder: Json | None = await patch.get_pod(self.api, lock.namespace, lock.pod)
+            holder: Json | None = await self._kube.get_pod(lock.namespace, lock.pod)
         except NotFound:
             holder = None
         except KubeError:
@@ -284,8 +299,8 @@ class Scheduler:
             return
         version = str(metadata_of(current).get("resourceVersion") or "") or None
         try:
-            await patch.patch_node_annotations(
-                self.api, node, {keys.NODE_LOCK: None}, resource_version=version
+            await self._kube.patch_node_annotations(
+                node, {keys.NODE_LOCK: None}, resource_version=version
             )
         except KubeError:
             return  # changed meanwhile (a bind took it): judged again next pass
@@ -351,8 +366,7 @@ class Scheduler:
         self.cluster.pinned.add(key)
         annotations = self._decision_annotations(pod, decision.node, fit.assignment)
         try:
-            await patch.patch_pod_annotations(
-                self.api,
+            await self._kube.patch_pod_annotations(
                 str(meta.get("namespace") or "default"),
                 str(meta.get("name")),
                 annotations,
@@ -451,6 +465,12 @@ class Scheduler:
     async def _bind(self, namespace: str, name: str, uid: str | None, node: str) -> None:
         key = f"{namespace}/{name}"
         record = self.cluster.pods.get(key)
+        if record is None and key in self.cluster.lapsed:
+            raise BindError(
+                f"hami bind: the decision for pod {key} is older than "
+                f"scheduler.decision_timeout ({self.settings.decision_timeout.seconds:g}s) and "
+                "no longer holds its devices; the pod will be scheduled again"
+            )
         if record is None:
             # Not a pod hami placed (or its decision is gone): bind without the lock.
             await self._create_binding(namespace, name, uid, node)
@@ -462,8 +482,7 @@ class Scheduler:
         try:
             await self._take_lock(node, namespace, name)
             now = self.clock.now()
-            await patch.patch_pod_annotations(
-                self.api,
+            await self._kube.patch_pod_annotations(
                 namespace,
                 name,
                 {
@@ -482,7 +501,7 @@ class Scheduler:
 
     async def _create_binding(self, namespace: str, name: str, uid: str | None, node: str) -> None:
         try:
-            await patch.bind_pod(self.api, namespace, name, uid, node)
+            await self._kube.bind_pod(namespace, name, uid, node)
         except KubeError as exc:
             raise BindError(
                 f"hami bind: creating the Binding of {namespace}/{name} failed: {exc}"
@@ -492,19 +511,18 @@ class Scheduler:
         """Release our lock, mark the pod failed and drop its reservation (best effort)."""
         key = f"{namespace}/{name}"
         with contextlib.suppress(KubeError):
-            current = await patch.get_node(self.api, node)
+            current = await self._kube.get_node(node)
             meta = metadata_of(current)
             lock = parse_lock(annotations_of(current).get(keys.NODE_LOCK))
             if lock is not None and (lock.namespace, lock.pod) == (namespace, name):
-                await patch.patch_node_annotations(
-                    self.api,
+                await self._kube.patch_node_annotations(
                     node,
                     {keys.NODE_LOCK: None},
                     resource_version=str(meta.get("resourceVersion") or "") or None,
                 )
         with contextlib.suppress(KubeError):
-            await patch.patch_pod_annotations(
-                self.api, namespace, name, {keys.BIND_PHASE: str(keys.BindPhase.FAILED)}
+            await self._kube.patch_pod_annotations(
+                namespace, name, {keys.BIND_PHASE: str(keys.BindPhase.FAILED)}
             )
         if self.cluster.pods.get(key) == record:
             self.cluster.release(key)
@@ -516,7 +534,7 @@ class Scheduler:
         while True:
             changed = self._lock_changed.setdefault(node, asyncio.Event())
             try:
-                current = await patch.get_node(self.api, node)
+                current = await self._kube.get_node(node)
             except KubeError as exc:
                 raise BindError(f"hami bind: reading node {node} failed: {exc}") from exc
             meta = metadata_of(current)
@@ -536,8 +554,7 @@ class Scheduler:
                 continue
             lock = NodeLock(self.clock.now(), namespace, name).encode()
             try:
-                await patch.patch_node_annotations(
-                    self.api,
+                await self._kube.patch_node_annotations(
                     node,
                     {keys.NODE_LOCK: lock},
                     resource_version=str(meta.get("resourceVersion") or "") or None,
@@ -568,7 +585,7 @@ class Scheduler:
         if not view.needs_pod:
             return lock  # the legacy owner-less form: held until the lock timeout
         try:
-            holder: Json | None = await patch.get_pod(self.api, lock.namespace, lock.pod)
+            holder: Json | None = await self._kube.get_pod(lock.namespace, lock.pod)
         except NotFound:
             holder = None
         except KubeError:
@@ -590,8 +607,7 @@ class Scheduler:
         meta = metadata_of(holder)
         namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
         try:
-            await patch.patch_pod_annotations(
-                self.api,
+            await self._kube.patch_pod_annotations(
                 namespace,
                 name,
                 {keys.BIND_PHASE: str(keys.BindPhase.FAILED)},
@@ -614,7 +630,7 @@ class Scheduler:
 
     async def explain(self, namespace: str, name: str) -> Json:
         """Why each node would (not) take a pod, from the current state."""
-        pod = await patch.get_pod(self.api, namespace, name)
+        pod = await self._kube.get_pod(namespace, name)
         return self.explain_pod(pod)
 
     def explain_pod(self, pod: Mapping[str, Any]) -> Json:
@@ -639,10 +655,10 @@ class Scheduler:
     def _event(
         self, pod: Mapping[str, Any], reason: str, message: str, type_: str = "Normal"
     ) -> None:
-        if not self.emit_events or self.api is None:
+        if not self.emit_events or self.kube is None:
             return
         task = asyncio.get_running_loop().create_task(
-            events.emit_pod_event(self.api, pod, reason, message, type_)
+            events.emit_pod_event(self.kube, pod, reason, message, type_)
         )
         self._background.add(task)
         task.add_done_callback(self._background.discard)

@@ -11,7 +11,6 @@ from hami.testkit.controlplane import (
     ControlPlane,
     ControlPlaneError,
     SchedulerProcess,
-    api_client,
     find_binaries,
 )
 from hami.testkit.kubelet import ContainerAllocation, KubeletEmulator, PluginState, PodAdmission
@@ -25,6 +24,5 @@ __all__ = [
     "PluginState",
     "PodAdmission",
     "SchedulerProcess",
-    "api_client",
     "find_binaries",
 ]

@@ -2,6 +2,7 @@
 
     async with LocalCluster(DEMO_NODES, timing=Timing(handshake_timeout=3.0)) as cluster:
         cluster.kubeconfig                # the control plane's kubeconfig
+        cluster.kube                      # hami.kube.client.Kube for it
         cluster.role                      # the hami scheduler role (extender on role.url)
         await cluster.create_pod(gpu_pod("p", [limits(1, mem=3000)]))
         pod = await cluster.wait_pod("p")         # until it leaves Pending
@@ -39,12 +40,13 @@ from typing import Any
 from hami import config, log
 from hami.backends.base import BackendSettings
 from hami.backends.fake import FakeBackend
+from hami.kube.client import Kube, open_client, pods_path
 from hami.kube.objects import annotations_of, metadata_of
-from hami.kube.raw import KubeError, NotFound, request
+from hami.kube.raw import KubeError, NotFound
 from hami.node.agent import NodeAgent
 from hami.protocol import ContainerDevice, decode_pod_devices
 from hami.scheduler.role import SchedulerRole
-from hami.testkit.controlplane import ControlPlane, SchedulerProcess, api_client, free_port
+from hami.testkit.controlplane import ControlPlane, SchedulerProcess, free_port
 from hami.testkit.kubelet import KubeletEmulator, PodAdmission
 
 _log = log.get(__name__)
@@ -224,7 +226,7 @@ class SimNode:
         self.agent = NodeAgent(
             self.cluster.cfg,
             node_name=self.name,
-            api=self.cluster.api,
+            kube=self.cluster.kube,
             backends={"fake": self.backend},
             register_period=timing.register_period,
             device_plugin_dir=str(self.kubelet.plugin_dir),
@@ -286,14 +288,21 @@ class LocalCluster:
         self.port = free_port()
         self.webhook_port = free_port() if webhook else 0
         self.cfg = self._config(node_policy, device_policy)
-        self.api: Any = None
+        self._kube: Kube | None = None
         self.role: SchedulerRole | None = None
         self.kube_scheduler: SchedulerProcess | None = None
         self.nodes: dict[str, SimNode] = {
             spec.name: SimNode(self, spec, i) for i, spec in enumerate(self.specs)
         }
-        self._api_cm: contextlib.AbstractAsyncContextManager[Any] | None = None
+        self._kube_cm: contextlib.AbstractAsyncContextManager[Kube] | None = None
         self._webhook_config: str | None = None
+
+    @property
+    def kube(self) -> Kube:
+        """The cluster's API client (while started)."""
+        if self._kube is None:
+            raise RuntimeError("the local cluster is not started")
+        return self._kube
 
     # ------------------------------------------------------------------ config
 
@@ -380,8 +389,8 @@ class LocalCluster:
             self.plane = ControlPlane()
             await asyncio.to_thread(self.plane.start)
             self.progress(f"  control plane ready in {self.plane.startup_seconds or 0:.1f}s")
-        self._api_cm = api_client(self.kubeconfig)
-        self.api = await self._api_cm.__aenter__()
+        self._kube_cm = open_client(self.kubeconfig)
+        self._kube = await self._kube_cm.__aenter__()
         await self._ensure_namespace()
         if self.webhook:
             self._write_webhook_cert()
@@ -406,7 +415,7 @@ class LocalCluster:
 
     async def stop(self) -> None:
         """Stop everything this cluster started (bounded); remove its temp dir."""
-        if self.api is not None:
+        if self._kube is not None:
             with contextlib.suppress(Exception):
                 await self.delete_pods(wait=False)
         for node in self.nodes.values():
@@ -419,20 +428,20 @@ class LocalCluster:
                 with contextlib.suppress(ValueError):
                     self.plane.schedulers.remove(sched)
         await self.stop_role()
-        if self.api is not None:
+        if self._kube is not None:
             with contextlib.suppress(Exception):
                 await self._cleanup_objects()
-        if self._api_cm is not None:
-            cm, self._api_cm = self._api_cm, None
+        if self._kube_cm is not None:
+            cm, self._kube_cm = self._kube_cm, None
             await cm.__aexit__(None, None, None)
-            self.api = None
+            self._kube = None
         if self.plane is not None and self._given_plane is None:
             plane, self.plane = self.plane, None
             await asyncio.to_thread(plane.stop)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     async def start_role(self) -> SchedulerRole:
-        role = SchedulerRole(self.cfg, self.api)
+        role = SchedulerRole(self.cfg, self.kube)
         await role.start()
         try:
             await role.wait_ready()
@@ -455,7 +464,7 @@ class LocalCluster:
     async def _ensure_namespace(self) -> None:
         body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}}
         try:
-            await request(self.api, "POST", "/api/v1/namespaces", body=body)
+            await self.kube.create("/api/v1/namespaces", body)
         except KubeError as exc:
             if exc.status != 409:
                 raise
@@ -463,18 +472,16 @@ class LocalCluster:
     async def _cleanup_objects(self) -> None:
         for name in self.nodes:
             with contextlib.suppress(KubeError):
-                await request(self.api, "DELETE", f"/api/v1/nodes/{name}")
+                await self.kube.delete(f"/api/v1/nodes/{name}")
         if self._webhook_config:
             with contextlib.suppress(KubeError):
-                await request(
-                    self.api,
-                    "DELETE",
+                await self.kube.delete(
                     "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/"
-                    + self._webhook_config,
+                    + self._webhook_config
                 )
         if self._given_plane is not None and self.namespace.startswith("hami-"):
             with contextlib.suppress(KubeError):
-                await request(self.api, "DELETE", f"/api/v1/namespaces/{self.namespace}")
+                await self.kube.delete(f"/api/v1/namespaces/{self.namespace}")
 
     # ------------------------------------------------------------------ webhook
 
@@ -522,11 +529,8 @@ class LocalCluster:
                 }
             ],
         }
-        await request(
-            self.api,
-            "POST",
-            "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
-            body=body,
+        await self.kube.create(
+            "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", body
         )
         self._webhook_config = name
 
@@ -575,7 +579,7 @@ class LocalCluster:
     # ------------------------------------------------------------------ pods
 
     def _pods_path(self) -> str:
-        return f"/api/v1/namespaces/{self.namespace}/pods"
+        return pods_path(self.namespace)
 
     async def create_pod(self, pod: Mapping[str, Any]) -> dict[str, Any]:
         """Create a pod in the cluster's namespace, restricted to the cluster's nodes."""
@@ -583,22 +587,17 @@ class LocalCluster:
         spec = dict(body.get("spec") or {})
         spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **self.node_selector}
         body["spec"] = spec
-        return await request(self.api, "POST", self._pods_path(), body=body)
+        return await self.kube.create(self._pods_path(), body)
 
     async def get_pod(self, name: str) -> dict[str, Any]:
-        return await request(self.api, "GET", f"{self._pods_path()}/{name}")
+        return await self.kube.get_pod(self.namespace, name)
 
     async def list_pods(self) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = (await request(self.api, "GET", self._pods_path())).get(
-            "items"
-        ) or []
-        return items
+        return await self.kube.list_pods(namespace=self.namespace)
 
     async def delete_pod(self, name: str) -> None:
         with contextlib.suppress(NotFound):
-            await request(
-                self.api, "DELETE", f"{self._pods_path()}/{name}", body={"gracePeriodSeconds": 0}
-            )
+            await self.kube.delete(f"{self._pods_path()}/{name}", {"gracePeriodSeconds": 0})
 
     async def delete_pods(self, wait: bool = True, timeout: float = 60.0) -> None:  # noqa: ASYNC109
         """Delete every pod of the namespace; with ``wait``, until they are gone from the API
@@ -672,9 +671,7 @@ class LocalCluster:
         """Events of the named pod in the cluster's namespace."""
         path = f"/api/v1/namespaces/{self.namespace}/events"
         query = [("fieldSelector", f"involvedObject.name={name}")]
-        items: list[dict[str, Any]] = (await request(self.api, "GET", path, query=query)).get(
-            "items"
-        ) or []
+        items, _ = await self.kube.list_all(path, query=query)
         return items
 
     async def admission(

@@ -32,7 +32,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -652,19 +652,3 @@ class ControlPlane:
             "current-context": "hami-test",
         }
         self.kubeconfig.write_text(yaml.safe_dump(config, sort_keys=False))
-
-
-# --------------------------------------------------------------------------- API client
-
-
-@contextlib.asynccontextmanager
-async def api_client(kubeconfig: str | Path) -> AsyncIterator[Any]:
-    """A kubernetes_asyncio ApiClient for this kubeconfig, closed on exit.
-
-    async with api_client(cp.kubeconfig) as api:
-        core = kubernetes_asyncio.client.CoreV1Api(api)
-    """
-    from hami.kube.client import open_client
-
-    async with open_client(str(kubeconfig)) as api:
-        yield api

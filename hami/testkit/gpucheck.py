@@ -47,7 +47,7 @@ from hami.backends.nvidia_names import NVIDIA_RESOURCES
 from hami.node.agent import NodeAgent
 from hami.protocol import NodeDevice, ProtocolError, decode_node_devices, keys
 from hami.testkit import gpucheck_cuda
-from hami.testkit.cluster import CLUSTER_LABEL, LocalCluster, gpu_pod, limits
+from hami.testkit.cluster import CLUSTER_LABEL, LocalCluster, gpu_pod, limits, poll
 from hami.testkit.controlplane import ControlPlane, ControlPlaneError, find_binaries
 from hami.testkit.gpucheck_run import Answer, Check, Ran, Report, Runner, run_command
 from hami.testkit.kubelet import KubeletEmulator, PodAdmission
@@ -504,22 +504,45 @@ def _hamicore_dirs(workdir: Path) -> dict[str, str]:
 
 
 class RecordingNvml:
-    """pynvml (or a fake) with ``nvmlDeviceRegisterEvents`` recorded: what the backend
-    registered, and that the driver took it (a call that raised is not recorded)."""
+    """pynvml (or a fake) with the health registration recorded: the event types each device
+    supports, what the backend registered and the driver took, what the driver refused as
+    not supported."""
 
     def __init__(self, nvml: Any) -> None:
         self._nvml = nvml
         self._lock = threading.Lock()
         self.registered: list[tuple[str, int]] = []  # (uuid, event type mask)
+        self.supported: dict[str, int] = {}  # uuid -> supported event type mask
+        self.not_supported: set[str] = set()  # registration refused as not supported
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._nvml, name)
 
-    def nvmlDeviceRegisterEvents(self, handle: Any, types: int, event_set: Any) -> None:
-        self._nvml.nvmlDeviceRegisterEvents(handle, types, event_set)
-        uuid = _nvml.text(self._nvml.nvmlDeviceGetUUID(handle))
+    def _uuid(self, handle: Any) -> str:
+        return _nvml.text(self._nvml.nvmlDeviceGetUUID(handle))
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
+        mask = int(self._nvml.nvmlDeviceGetSupportedEventTypes(handle))
         with self._lock:
-            self.registered.append((uuid, int(types)))
+            self.supported[self._uuid(handle)] = mask
+        return mask
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, types: int, event_set: Any) -> None:
+        try:
+            self._nvml.nvmlDeviceRegisterEvents(handle, types, event_set)
+        except self._nvml.NVMLError_NotSupported:
+            with self._lock:
+                self.not_supported.add(self._uuid(handle))
+            raise
+        with self._lock:
+            self.registered.append((self._uuid(handle), int(types)))
+
+    def settled(self, uuids: Sequence[str], xid: int) -> bool:
+        """Whether every device is registered or known to offer no Xid events."""
+        with self._lock:
+            done = {u for u, _ in self.registered} | self.not_supported
+            done |= {u for u, mask in self.supported.items() if not mask & xid}
+        return done >= set(uuids)
 
 
 async def step4_health(
@@ -541,12 +564,15 @@ async def step4_health(
         task = asyncio.create_task(
             backend.watch_health(devices, lambda uuid, ok: None if ok else unhealthy.append(uuid))
         )
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + seconds
-        while len(recorder.registered) < len(devices) and loop.time() < deadline:
-            if task.done():
-                break
-            await asyncio.sleep(0.05)
+        xid = int(nvml.nvmlEventTypeXidCriticalError)
+        uuids = [d.uuid for d in devices]
+        with contextlib.suppress(TimeoutError):  # what is not settled by then is reported
+            await poll(
+                lambda: recorder.settled(uuids, xid) or task.done(),
+                seconds,
+                "NVML health registration",
+                interval=0.05,
+            )
         await asyncio.sleep(0)  # a failed registration reports through the loop: let it
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):  # its own error is a FAIL below
@@ -555,39 +581,45 @@ async def step4_health(
         return Check("step4 health events", "FAIL", f"{type(exc).__name__}: {exc}")
     finally:
         await backend.close()
-    return _health_check(
-        devices, recorder.registered, unhealthy, int(nvml.nvmlEventTypeXidCriticalError)
-    )
+    return _health_check(devices, recorder, unhealthy, xid)
 
 
 def _health_check(
-    devices: Sequence[Device],
-    registered: Sequence[tuple[str, int]],
-    unhealthy: Sequence[str],
-    xid: int,
+    devices: Sequence[Device], recorder: RecordingNvml, unhealthy: Sequence[str], xid: int
 ) -> Check:
-    with_xid = {uuid for uuid, mask in registered if mask & xid}
+    name = "step4 health events"
+    with_xid = {uuid for uuid, mask in recorder.registered if mask & xid}
     missing = [d.uuid for d in devices if d.uuid not in with_xid]
     if unhealthy:
+        marked = ", ".join(sorted(set(unhealthy)))
+        return Check(name, "FAIL", f"the backend marked {marked} unhealthy while registering")
+    # The driver says it has no Xid events for these (a virtual GPU, an old board): the
+    # backend warns (nvidia.health_not_supported) and keeps them in use; nothing to show.
+    unsupported = [
+        u for u in missing if u in recorder.not_supported or not recorder.supported.get(u, 0) & xid
+    ]
+    if missing and len(unsupported) == len(missing):
         return Check(
-            "step4 health events",
-            "FAIL",
-            f"the backend marked {', '.join(sorted(set(unhealthy)))} unhealthy while registering",
+            name,
+            "SKIP",
+            f"the driver offers no Xid critical error events on {', '.join(missing)} "
+            f"(supported event types {_masks(recorder.supported, missing)})",
         )
     if missing:
         return Check(
-            "step4 health events",
-            "FAIL",
-            f"Xid critical error events not registered on {', '.join(missing)} "
-            "(the device may not support them: see the node agent's nvidia.health_not_supported)",
+            name, "FAIL", f"Xid critical error events not registered on {', '.join(missing)}"
         )
-    masks = sorted({mask for _, mask in registered})
+    masks = ", ".join(hex(m) for m in sorted({mask for _, mask in recorder.registered}))
     return Check(
-        "step4 health events",
+        name,
         "PASS",
-        f"event set registered on {len(devices)} GPU(s), event types "
-        f"{', '.join(hex(m) for m in masks)} (Xid critical error = {hex(xid)})",
+        f"event set registered on {len(devices)} GPU(s), event types {masks} "
+        f"(Xid critical error = {hex(xid)})",
     )
+
+
+def _masks(supported: Mapping[str, int], uuids: Sequence[str]) -> str:
+    return ", ".join(f"{hex(supported[u])}" if u in supported else "unknown" for u in uuids)
 
 
 def step4_topology(topo: Topology | None, topo_why: str) -> Check:

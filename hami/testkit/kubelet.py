@@ -33,23 +33,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server, Stream
 
 from hami._proto.v1beta1 import api_grpc, api_pb2
-from hami.kube.raw import MERGE_PATCH
+from hami.kube.client import Kube, node_path, open_client, pod_path
+from hami.kube.objects import metadata_of
+from hami.kube.raw import JSON, Conflict, KubeError, NotFound
+from hami.kube.reflector import Reflector
 from hami.protocol.nodelock import rfc3339
-from hami.testkit.controlplane import api_client
 
 log = logging.getLogger("hami.testkit.kubelet")
 
@@ -65,27 +65,6 @@ def _now() -> str:
 
 def _is_extended(resource: str) -> bool:
     return "/" in resource and not resource.startswith(("kubernetes.io/", "requests."))
-
-
-class KubeApiError(RuntimeError):
-    def __init__(self, status: int, body: str) -> None:
-        super().__init__(f"HTTP {status}: {body[:500]}")
-        self.status = status
-
-
-async def _json(call: Awaitable[Any]) -> Any:
-    """Await a kubernetes_asyncio call made with `_preload_content=False`; return the JSON.
-
-    Raw mode avoids the client's model deserialisation (slow, and it fails on some answers,
-    e.g. the Status a Binding returns) and gives plain dicts."""
-    resp = await call
-    try:
-        text = await resp.text()
-        if resp.status >= 300:
-            raise KubeApiError(resp.status, text)
-        return json.loads(text) if text else None
-    finally:
-        resp.release()
 
 
 @dataclass
@@ -203,9 +182,8 @@ class KubeletEmulator:
         self.admissions: dict[tuple[str, str], PodAdmission] = {}
         #: every Register request received, in order
         self.registrations: list[api_pb2.RegisterRequest] = []
-        self._api: Any = None
-        self._core: Any = None
-        self._api_cm: contextlib.AbstractAsyncContextManager[Any] | None = None
+        self._kube: Kube | None = None
+        self._kube_cm: contextlib.AbstractAsyncContextManager[Kube] | None = None
         self._server: Server | None = None
         self._channels: dict[str, Channel] = {}
         self._plugin_tasks: dict[str, asyncio.Task[None]] = {}
@@ -229,11 +207,8 @@ class KubeletEmulator:
 
     async def start(self) -> None:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
-        self._api_cm = api_client(self.kubeconfig)
-        self._api = await self._api_cm.__aenter__()
-        from kubernetes_asyncio import client
-
-        self._core = client.CoreV1Api(self._api)
+        self._kube_cm = open_client(self.kubeconfig)
+        self._kube = await self._kube_cm.__aenter__()
         self._ready_since = _now()
         try:
             await self._ensure_node()
@@ -243,7 +218,7 @@ class KubeletEmulator:
             raise
         self._tasks = [
             asyncio.create_task(self._heartbeat(), name=f"kubelet[{self.node_name}].heartbeat"),
-            asyncio.create_task(self._watch_pods(), name=f"kubelet[{self.node_name}].pods"),
+            asyncio.create_task(self._pods().run(), name=f"kubelet[{self.node_name}].pods"),
             asyncio.create_task(self._admit_loop(), name=f"kubelet[{self.node_name}].admit"),
         ]
 
@@ -259,8 +234,8 @@ class KubeletEmulator:
         for channel in self._channels.values():
             channel.close()
         self._channels.clear()
-        if self._api_cm is not None:
-            cm, self._api_cm = self._api_cm, None
+        if self._kube_cm is not None:
+            cm, self._kube_cm = self._kube_cm, None
             await cm.__aexit__(None, None, None)
 
     async def restart(self) -> None:
@@ -295,6 +270,13 @@ class KubeletEmulator:
             await server.wait_closed()
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
+
+    @property
+    def kube(self) -> Kube:
+        """The emulator's API client (while started)."""
+        if self._kube is None:
+            raise RuntimeError(f"kubelet emulator {self.node_name} is not started")
+        return self._kube
 
     # ------------------------------------------------------------------ waiting helpers
 
@@ -412,16 +394,10 @@ class KubeletEmulator:
             },
         }
         try:
-            await _json(self._core.create_node(body, _preload_content=False))
-        except KubeApiError as exc:
-            if exc.status != 409:
-                raise
+            await self.kube.create("/api/v1/nodes", body)
+        except Conflict:
             patch = {"metadata": {"labels": self.labels, "annotations": self.annotations}}
-            await _json(
-                self._core.patch_node(
-                    self.node_name, patch, _content_type=MERGE_PATCH, _preload_content=False
-                )
-            )
+            await self.kube.merge_patch(node_path(self.node_name), patch)
         await self._patch_node_status()
         await self._untaint()
 
@@ -430,7 +406,7 @@ class KubeletEmulator:
         admission puts `node.kubernetes.io/not-ready` on every new Node; without
         kube-controller-manager nobody else takes it off once the node is Ready)."""
         for _ in range(5):
-            node = await _json(self._core.read_node(self.node_name, _preload_content=False))
+            node = await self.kube.get_node(self.node_name)
             taints = node.get("spec", {}).get("taints") or []
             keep = [t for t in taints if t.get("key") not in CONDITION_TAINTS]
             if keep == taints:
@@ -439,27 +415,15 @@ class KubeletEmulator:
                 "metadata": {"resourceVersion": node["metadata"]["resourceVersion"]},
                 "spec": {"taints": keep or None},
             }
-            try:
-                await _json(
-                    self._core.patch_node(
-                        self.node_name, patch, _content_type=MERGE_PATCH, _preload_content=False
-                    )
-                )
+            with contextlib.suppress(Conflict):
+                await self.kube.merge_patch(node_path(self.node_name), patch)
                 return
-            except KubeApiError as exc:
-                if exc.status != 409:
-                    raise
         raise RuntimeError(f"{self.node_name}: could not remove the not-ready taint")
 
     async def _patch_node_status(self) -> None:
         async with self._status_lock:
-            await _json(
-                self._core.patch_node_status(
-                    self.node_name,
-                    {"status": self._node_status()},
-                    _content_type=MERGE_PATCH,
-                    _preload_content=False,
-                )
+            await self.kube.merge_patch(
+                node_path(self.node_name) + "/status", {"status": self._node_status()}
             )
 
     async def _heartbeat(self) -> None:
@@ -532,69 +496,33 @@ class KubeletEmulator:
 
     # ------------------------------------------------------------------ pods
 
-    async def _watch_pods(self) -> None:
-        selector = f"spec.nodeName={self.node_name}"
-        while True:
-            try:
-                listing = await _json(
-                    self._core.list_pod_for_all_namespaces(
-                        field_selector=selector, _preload_content=False
-                    )
-                )
-                version = listing["metadata"]["resourceVersion"]
-                seen = set()
-                for pod in listing["items"]:
-                    seen.add(pod["metadata"]["uid"])
-                    await self._queue.put(("ADDED", pod))
-                for uid, adm in list(self._by_uid.items()):
-                    if uid not in seen:
-                        await self._queue.put(
-                            (
-                                "DELETED",
-                                {
-                                    "metadata": {
-                                        "uid": uid,
-                                        "namespace": adm.namespace,
-                                        "name": adm.name,
-                                    }
-                                },
-                            )
-                        )
-                while True:
-                    version = await self._watch_once(selector, version)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                gone = isinstance(exc, KubeApiError) and exc.status == 410
-                if not gone:
-                    log.warning("%s: pod watch failed, re-listing: %r", self.node_name, exc)
-                    await asyncio.sleep(1)
-
-    async def _watch_once(self, selector: str, version: str) -> str:
-        resp = await self._core.list_pod_for_all_namespaces(
-            field_selector=selector,
-            watch=True,
-            resource_version=version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=300,
-            _preload_content=False,
+    def _pods(self) -> Reflector:
+        """The pods bound to this node, listed and watched (re-listed after a failure)."""
+        return Reflector(
+            self.kube,
+            "/api/v1/pods",
+            self._on_pod,
+            name=f"kubelet[{self.node_name}].pods",
+            field_selector=f"spec.nodeName={self.node_name}",
+            max_backoff=2.0,
         )
-        try:
-            if resp.status >= 300:
-                raise KubeApiError(resp.status, await resp.text())
-            async for line in resp.content:
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                obj = event["object"]
-                if event["type"] == "ERROR":
-                    raise KubeApiError(int(obj.get("code", 500)), json.dumps(obj))
-                version = obj["metadata"]["resourceVersion"]
-                if event["type"] != "BOOKMARK":
-                    await self._queue.put((event["type"], obj))
-        finally:
-            resp.release()
-        return version
+
+    def _on_pod(self, kind: str, pod: JSON) -> None:
+        """Queue a pod event for the admission loop, by uid (as kubelet keys its pods)."""
+        meta = metadata_of(pod)
+        key = (str(meta.get("namespace")), str(meta.get("name")))
+        known = self.admissions.get(key)
+        if kind == "DELETED" and not meta.get("uid"):
+            # a deletion seen only by a re-list names the pod, not its uid
+            if known is None:
+                return
+            pod = {"metadata": {**meta, "uid": known.uid}}
+        elif known is not None and known.uid != meta.get("uid") and known.uid in self._by_uid:
+            # the pod was deleted and made again under the same name while the watch was
+            # down: the old one's devices are free
+            gone = {"metadata": {"uid": known.uid, "namespace": key[0], "name": key[1]}}
+            self._queue.put_nowait(("DELETED", gone))
+        self._queue.put_nowait((kind, pod))
 
     async def _admit_loop(self) -> None:
         while True:
@@ -639,15 +567,8 @@ class KubeletEmulator:
 
     async def _finish_delete(self, meta: dict[str, Any]) -> None:
         body = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}}
-        try:
-            await _json(
-                self._core.delete_namespaced_pod(
-                    meta["name"], meta["namespace"], body=body, _preload_content=False
-                )
-            )
-        except KubeApiError as exc:
-            if exc.status not in (404, 409):
-                raise
+        with contextlib.suppress(NotFound, Conflict):
+            await self.kube.delete(pod_path(meta["namespace"], meta["name"]), body)
 
     def _release(self, uid: str) -> None:
         for used in self._used.values():
@@ -726,13 +647,12 @@ class KubeletEmulator:
             try:
                 await self._patch_status(adm, status)
                 return
-            except KubeApiError as exc:
-                if exc.status == 404:
-                    return
-                if exc.status < 500 and exc.status not in (409, 429):
+            except NotFound:
+                return
+            except KubeError as exc:
+                # status 0: the API server did not answer (hami.kube.raw.Unreachable)
+                if 0 < exc.status < 500 and exc.status not in (409, 429):
                     raise
-                error: Exception = exc
-            except (OSError, TimeoutError, aiohttp.ClientError) as exc:
                 error = exc
             if adm.deleted:
                 return
@@ -748,14 +668,8 @@ class KubeletEmulator:
             delay = min(delay * 2, largest)
 
     async def _patch_status(self, adm: PodAdmission, status: dict[str, Any]) -> None:
-        await _json(
-            self._core.patch_namespaced_pod_status(
-                adm.name,
-                adm.namespace,
-                {"status": status},
-                _content_type=MERGE_PATCH,
-                _preload_content=False,
-            )
+        await self.kube.merge_patch(
+            pod_path(adm.namespace, adm.name) + "/status", {"status": status}
         )
 
     async def _allocate(

@@ -6,8 +6,11 @@ Enable with `pytest_plugins = ["hami.testkit.pytest_plugin"]` in a conftest.py.
   the whole run. If the binaries are missing or a component does not start, every test
   that uses it errors with the reason and how to fix it; nothing is skipped.
 - `kubeconfig` (session): path of its kubeconfig file.
-- `api_client` / `core_v1` (function, async): a kubernetes_asyncio `ApiClient` /
-  `CoreV1Api` bound to it, closed after the test.
+- `kube` (function, async): a `hami.kube.client.Kube` for it (plain JSON, hami's retry
+  policy; `kube.api` is the underlying kubernetes_asyncio `ApiClient`), closed after the
+  test.
+- `core_v1` (function): kubernetes_asyncio's generated `CoreV1Api` on that session, for
+  tests that check the control plane against the standard client.
 - `namespace` (function, async): a fresh namespace; its pods are force-deleted afterwards.
 - `kube_scheduler` (function): `await kube_scheduler(config, name=None)` starts a
   kube-scheduler with that KubeSchedulerConfiguration (dict or YAML) and returns its
@@ -34,14 +37,13 @@ from typing import Any
 
 import pytest
 
+from hami.kube.client import Kube, open_client, pods_path
+from hami.kube.raw import KubeError
 from hami.testkit.controlplane import (
     ControlPlane,
     ControlPlaneError,
     SchedulerProcess,
     find_binaries,
-)
-from hami.testkit.controlplane import (
-    api_client as _api_client,
 )
 from hami.testkit.kubelet import KubeletEmulator
 
@@ -96,37 +98,36 @@ def kubeconfig(controlplane: ControlPlane) -> Path:
 
 
 @pytest.fixture
-async def api_client(controlplane: ControlPlane) -> AsyncIterator[Any]:
-    async with _api_client(controlplane.kubeconfig) as api:
-        yield api
+async def kube(controlplane: ControlPlane) -> AsyncIterator[Kube]:
+    async with open_client(controlplane.kubeconfig) as client:
+        yield client
 
 
 @pytest.fixture
-def core_v1(api_client: Any) -> Any:
+def core_v1(kube: Kube) -> Any:
     from kubernetes_asyncio import client
 
-    return client.CoreV1Api(api_client)
+    return client.CoreV1Api(kube.api)
 
 
-async def _force_delete_pods(core: Any, **selector: str) -> None:
-    listing = await core.list_pod_for_all_namespaces(**selector)
-    for pod in listing.items:
-        with contextlib.suppress(Exception):
-            await core.delete_namespaced_pod(
-                pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0
-            )
+async def _force_delete_pods(kube: Kube, field_selector: str) -> None:
+    for pod in await kube.list_pods(field_selector=field_selector):
+        meta = pod["metadata"]
+        with contextlib.suppress(KubeError):
+            path = f"{pods_path(meta['namespace'])}/{meta['name']}"
+            await kube.delete(path, {"gracePeriodSeconds": 0})
 
 
 @pytest.fixture
-async def namespace(core_v1: Any) -> AsyncIterator[str]:
+async def namespace(kube: Kube) -> AsyncIterator[str]:
     """A new namespace for this test. Without kube-controller-manager a deleted namespace
     stays Terminating, so only its pods are removed afterwards."""
     name = f"t-{uuid.uuid4().hex[:10]}"
-    await core_v1.create_namespace({"metadata": {"name": name}})
+    await kube.create("/api/v1/namespaces", {"metadata": {"name": name}})
     yield name
-    await _force_delete_pods(core_v1, field_selector=f"metadata.namespace={name}")
-    with contextlib.suppress(Exception):
-        await core_v1.delete_namespace(name)
+    await _force_delete_pods(kube, f"metadata.namespace={name}")
+    with contextlib.suppress(KubeError):
+        await kube.delete(f"/api/v1/namespaces/{name}")
 
 
 @pytest.fixture
@@ -173,14 +174,9 @@ async def kubelet_factory(controlplane: ControlPlane) -> AsyncIterator[KubeletFa
         for kubelet in started:
             await kubelet.stop()
         if started:
-            async with _api_client(controlplane.kubeconfig) as api:
-                from kubernetes_asyncio import client
-
-                core = client.CoreV1Api(api)
+            async with open_client(controlplane.kubeconfig) as kube:
                 for kubelet in started:
-                    await _force_delete_pods(
-                        core, field_selector=f"spec.nodeName={kubelet.node_name}"
-                    )
-                    with contextlib.suppress(Exception):
-                        await core.delete_node(kubelet.node_name)
+                    await _force_delete_pods(kube, f"spec.nodeName={kubelet.node_name}")
+                    with contextlib.suppress(KubeError):
+                        await kube.delete(f"/api/v1/nodes/{kubelet.node_name}")
         shutil.rmtree(base, ignore_errors=True)
