@@ -197,6 +197,19 @@ def test_parse_topo() -> None:
     assert single == Topology({0: "0"}, {})
     with pytest.raises(ValueError):
         parse_topo("topology not supported on this system\n")
+    # a Tesla P4 node as HAMi's issue #99 shows it; and NICs beside two GPUs
+    p4 = "\tGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\nGPU0\t X \t0-7\t\tN/A\t\tN/A\n"
+    assert parse_topo(p4).numa == {0: "N/A"}
+    nics = (
+        "\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
+        "GPU0\t X \tNV12\tPXB\t48-63,176-191\t3\t\tN/A\n"
+        "GPU1\tNV12\t X \tPXB\t48-63,176-191\t3\t\tN/A\n"
+        "NIC0\tPXB\tPXB\t X \n"
+    )
+    assert parse_topo(nics) == Topology({0: "3", 1: "3"}, {(0, 1): "NV12"})
+    # a row missing a cell is left unread, not misread
+    short = "\tGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\nGPU0\t X \t\t1\t\tN/A\n"
+    assert parse_topo(short).numa == {}
     assert gpucheck.expected_numa("N/A") == 0
     assert gpucheck.expected_numa("1") == 1
     assert gpucheck.expected_numa("0-1") is None
