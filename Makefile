@@ -42,7 +42,7 @@ demo: install controlplane
 	$(BIN)/hami demo
 
 gpu-check:
-	bash scripts/gpu-check.sh
+	@bash scripts/gpu-check.sh
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
