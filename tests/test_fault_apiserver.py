@@ -84,7 +84,11 @@ async def test_apiserver_outage_mid_burst_overcommits_nothing_and_loses_no_pod(
 
     pods = await cluster.wait_running(BURST, timeout=RECOVERY_SECONDS)
     recovered = time.monotonic() - back
-    not_running = {n: phase_of(p) for n, p in pods.items() if phase_of(p) != "Running"}
+    not_running = {
+        n: (phase_of(p), (p.get("status") or {}).get("message"))
+        for n, p in pods.items()
+        if phase_of(p) != "Running"
+    }
     assert not not_running, f"placeable pods not running after the outage: {not_running}"
     assert recovered <= RECOVERY_SECONDS
 
