@@ -23,7 +23,7 @@ from unittest import mock
 
 import pynvml
 import pytest
-from test_backend_nvidia import FakeGpu, FakeNvml, load_node
+from _nvml_helpers import FakeGpu, FakeNvml, load_node
 
 from hami import cli
 from hami.backends.base import BackendSettings

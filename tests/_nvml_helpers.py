@@ -1,0 +1,151 @@
+"""A fake NVML (pynvml's functions and errors) and recorded node layouts, shared by the
+NVIDIA backend tests and the gpu-check tests."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+
+from hami.backends._nvml import sysfs_bus_id
+
+FIXTURES = Path(__file__).parent / "fixtures"
+XID = pynvml.nvmlEventTypeXidCriticalError
+
+
+def nvml_error(code: int) -> pynvml.NVMLError:
+    return pynvml.NVMLError(code)  # maps to the subclass, e.g. NVMLError_GpuIsLost
+
+
+@dataclass
+class FakeGpu:
+    index: int
+    uuid: str
+    name: str
+    memory_total_bytes: int
+    bus_id: str
+    numa_node: int | None = None
+    lost: str | None = None  # "handle": lost before its uuid is read; "after_uuid": after
+
+
+@dataclass(frozen=True)
+class Handle:
+    index: int
+
+
+class FakeNvml:
+    """The slice of pynvml the backend uses, with call records."""
+
+    NVMLError = pynvml.NVMLError
+    nvmlEventTypeXidCriticalError = XID
+
+    def __init__(self, gpus: list[FakeGpu], *, init_error: int | None = None) -> None:
+        self.gpus = gpus
+        self.init_error = init_error
+        self.init_calls = 0
+        self.shutdown_calls = 0
+        self.threads: set[int] = set()
+        self.events: queue.Queue[Any] = queue.Queue()
+        self.registered: list[str] = []
+        self.freed = 0
+        self.count_error: int | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("NVMLError_"):  # every error class pynvml has
+            return getattr(pynvml, name)
+        raise AttributeError(name)
+
+    def _call(self) -> None:
+        self.threads.add(threading.get_ident())
+
+    def _gpu(self, handle: Handle, stage: str) -> FakeGpu:
+        gpu = self.gpus[handle.index]
+        if gpu.lost == stage:
+            raise nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return gpu
+
+    def nvmlInit(self) -> None:
+        self._call()
+        self.init_calls += 1
+        if self.init_error is not None:
+            raise nvml_error(self.init_error)
+
+    def nvmlShutdown(self) -> None:
+        self.shutdown_calls += 1
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._call()
+        if self.count_error is not None:
+            raise nvml_error(self.count_error)
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Handle:
+        self._call()
+        if self.gpus[index].lost == "handle":
+            raise nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return Handle(index)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Handle:
+        self._call()
+        for gpu in self.gpus:
+            if gpu.uuid == uuid:
+                return Handle(gpu.index)
+        raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetUUID(self, handle: Handle) -> str:
+        self._call()
+        return self.gpus[handle.index].uuid
+
+    def nvmlDeviceGetName(self, handle: Handle) -> str:
+        self._call()
+        return self._gpu(handle, "after_uuid").name
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Handle) -> SimpleNamespace:
+        total = self._gpu(handle, "after_uuid").memory_total_bytes
+        return SimpleNamespace(total=total, free=total - 2**30, used=2**30)
+
+    def nvmlDeviceGetPciInfo(self, handle: Handle) -> SimpleNamespace:
+        # Real pynvml decodes busId to str; older bindings gave bytes: exercise that path.
+        return SimpleNamespace(busId=self._gpu(handle, "after_uuid").bus_id.encode())
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Handle) -> int:
+        return int(XID | pynvml.nvmlEventTypeSingleBitEccError)
+
+    def nvmlDeviceRegisterEvents(self, handle: Handle, types: int, event_set: object) -> None:
+        self._call()
+        assert types == XID
+        self.registered.append(self.gpus[handle.index].uuid)
+
+    def nvmlEventSetCreate(self) -> object:
+        return object()
+
+    def nvmlEventSetFree(self, event_set: object) -> None:
+        self.freed += 1
+
+    def nvmlEventSetWait(self, event_set: object, timeout_ms: int) -> Any:
+        self._call()
+        try:
+            return self.events.get(timeout=timeout_ms / 1000)
+        except queue.Empty:
+            raise nvml_error(pynvml.NVML_ERROR_TIMEOUT) from None
+
+    def push_xid(self, xid: int, index: int | None, event_type: int = XID) -> None:
+        device = Handle(index) if index is not None else None  # None: a null handle
+        self.events.put(SimpleNamespace(device=device, eventType=event_type, eventData=xid))
+
+
+def load_node(name: str, sysfs: Path) -> list[FakeGpu]:
+    """The fixture's GPUs, with their numa_node files written under a sysfs tree."""
+    gpus = [FakeGpu(**d) for d in json.loads((FIXTURES / name).read_text())["devices"]]
+    for gpu in gpus:
+        if gpu.numa_node is not None:
+            entry = sysfs / "bus/pci/devices" / sysfs_bus_id(gpu.bus_id)
+            entry.mkdir(parents=True)
+            (entry / "numa_node").write_text(f"{gpu.numa_node}\n")
+    return gpus
