@@ -301,3 +301,51 @@ async def test_restart_makes_the_plugin_register_again(
         await kube.create(pods_path(namespace), _pod("p", node, [_container("a", 2)]))
         adm = await kubelet.wait_for_admission(namespace, "p")
         assert adm.phase == "Running", adm.message
+
+
+async def test_plugin_gone_drops_allocatable_at_once_and_register_restores_it(
+    kube: Kube, namespace: str, kubelet_factory: Any
+) -> None:
+    # kubelet marks every device of a plugin whose connection ends unhealthy: allocatable 0,
+    # capacity kept (until a grace period, longer than any test); a new registration
+    # restores it. Here the plugin's server closes, its socket goes away, and nothing
+    # re-registers until the second plugin starts.
+    node = _node_name()
+    kubelet: KubeletEmulator = await kubelet_factory(node)
+    first = FakePlugin(kubelet.plugin_dir, ["w0", "w1"])
+    async with running(first):
+        await kubelet.wait_for_resource(RESOURCE, healthy=2)
+    (kubelet.plugin_dir / first.endpoint).unlink(missing_ok=True)  # as a dying process's
+    await kubelet.wait_for(lambda: not kubelet.plugins[RESOURCE].connected, timeout=5)
+    assert await _allocatable(kube, node) == ("2", "0")  # patched before the state changed
+    state = kubelet.plugins[RESOURCE]
+    assert not state.connected and state.healthy == [], state
+    await kube.create(pods_path(namespace), _pod("p", node, [_container("a", 1)]))
+    adm = await kubelet.wait_for_admission(namespace, "p")
+    assert adm.phase == "Failed" and "not connected" in (adm.message or ""), adm
+
+    async with running(FakePlugin(kubelet.plugin_dir, ["w0", "w1"])):
+        await kubelet.wait_for_resource(RESOURCE, healthy=2)
+        assert await _allocatable(kube, node) == ("2", "2")
+
+
+async def test_removed_plugin_socket_counts_as_gone_while_the_stream_lingers(
+    kube: Kube, kubelet_factory: Any
+) -> None:
+    # A plugin stopped inside this process may leave its ListAndWatch connection open (its
+    # handler is cancelled, the connection is not closed); the socket file going away is
+    # what the emulator goes by then, as kubelet sees a dead process's connection end.
+    node = _node_name()
+    kubelet: KubeletEmulator = await kubelet_factory(node)
+    async with running(FakePlugin(kubelet.plugin_dir, ["w0", "w1", "w2"])) as plugin:
+        await kubelet.wait_for_resource(RESOURCE, healthy=3)
+        (kubelet.plugin_dir / plugin.endpoint).unlink()
+        await kubelet.wait_for(lambda: not kubelet.plugins[RESOURCE].connected, timeout=5)
+        assert await _allocatable(kube, node) == ("3", "0")
+        assert "socket" in (kubelet.plugins[RESOURCE].error or "")
+        # registering again names a socket that is not there: the connection fails
+        await plugin.register()
+        await kubelet.wait_for(lambda: len(kubelet.registrations) == 2, timeout=5)
+        await kubelet.wait_for(lambda: kubelet.plugins[RESOURCE].error is not None, timeout=5)
+        assert not kubelet.plugins[RESOURCE].connected
+        assert await _allocatable(kube, node) == ("3", "0")

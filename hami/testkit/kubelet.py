@@ -9,6 +9,13 @@ For one node name it
   `<plugin_dir>/kubelet.sock`; for each registration it connects to
   `<plugin_dir>/<endpoint>`, follows `ListAndWatch` and reports the devices in the Node
   status (capacity: all devices, allocatable: the healthy ones);
+- notices a plugin going away, as kubelet does: when its `ListAndWatch` stream ends or its
+  socket file is removed (or replaced), every device of that resource is marked unhealthy
+  at once and the Node status is patched (allocatable 0, capacity kept; kubelet drops the
+  capacity only after a grace period of minutes, longer than any test); the next
+  registration of that resource restores it. (A real plugin process that dies closes its
+  connection, which ends the stream; a plugin stopped inside the test process may leave
+  the connection open, so the socket file is watched too, every `plugin_poll` seconds);
 - watches the pods bound to its node and admits each new one: for every container that
   requests a registered resource (init containers first, in spec order, then containers)
   it picks device ids (through `GetPreferredAllocation` when the plugin offers it, else the
@@ -63,6 +70,15 @@ def _now() -> str:
     return rfc3339(dt.datetime.now(dt.UTC))
 
 
+def _identity(path: Path) -> tuple[int, int] | None:
+    """A socket file's inode and change time: a new file at the same path differs."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_ctime_ns)
+
+
 def _is_extended(resource: str) -> bool:
     return "/" in resource and not resource.startswith(("kubernetes.io/", "requests."))
 
@@ -80,6 +96,8 @@ class PluginState:
     #: how many ListAndWatch answers arrived on the current connection
     updates: int = 0
     error: str | None = None
+    #: identity of the endpoint socket file when the plugin registered (None: it was absent)
+    socket: tuple[int, int] | None = None
 
     @property
     def healthy(self) -> list[str]:
@@ -157,6 +175,7 @@ class KubeletEmulator:
         heartbeat_interval: float = 10.0,
         rpc_timeout: float | None = None,
         status_retry: tuple[float, float] = (0.2, 5.0),
+        plugin_poll: float = 0.1,
     ) -> None:
         self.node_name = node_name
         self.kubeconfig = Path(kubeconfig)
@@ -173,6 +192,8 @@ class KubeletEmulator:
         self.rpc_timeout = rpc_timeout
         #: first and largest pause between tries of a failed pod status write
         self.status_retry = status_retry
+        #: how often the registered plugins' socket files are looked at
+        self.plugin_poll = plugin_poll
         #: pods ("namespace/name") this kubelet never calls Allocate for and leaves Pending:
         #: an Allocate lost in an outage, for fault tests
         self.lose: set[str] = set()
@@ -220,6 +241,9 @@ class KubeletEmulator:
             asyncio.create_task(self._heartbeat(), name=f"kubelet[{self.node_name}].heartbeat"),
             asyncio.create_task(self._pods().run(), name=f"kubelet[{self.node_name}].pods"),
             asyncio.create_task(self._admit_loop(), name=f"kubelet[{self.node_name}].admit"),
+            asyncio.create_task(
+                self._watch_sockets(), name=f"kubelet[{self.node_name}].plugin-sockets"
+            ),
         ]
 
     async def stop(self) -> None:
@@ -458,6 +482,7 @@ class KubeletEmulator:
             options=request.options,
             devices=dict(previous.devices) if previous else {},
         )
+        plugin.socket = _identity(self.plugin_dir / request.endpoint)
         self.plugins[resource] = plugin
         self._plugin_tasks[resource] = asyncio.create_task(
             self._follow_plugin(plugin), name=f"kubelet[{self.node_name}].plugin[{resource}]"
@@ -481,18 +506,53 @@ class KubeletEmulator:
                 while (resp := await stream.recv_message()) is not None:
                     plugin.devices = {d.ID: d.health for d in resp.devices}
                     plugin.updates += 1
-                    await self._patch_node_status()
+                    await self._patch_node_status_or_log(plugin.resource)
                     await self._notify()
-            plugin.error = "ListAndWatch stream ended"
+            error = "ListAndWatch stream ended"
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            plugin.error = f"ListAndWatch failed: {exc!r}"
-            log.warning("%s: %s: %s", self.node_name, plugin.resource, plugin.error)
-        plugin.connected = False
-        with contextlib.suppress(Exception):
+            error = f"ListAndWatch failed: {exc!r}"
+        if self._plugin_tasks.get(plugin.resource) is not asyncio.current_task():
+            return  # taken down by the socket watcher, which said why
+        plugin.error = error
+        log.warning("%s: %s: %s", self.node_name, plugin.resource, error)
+        await self._plugin_gone(plugin)
+
+    async def _patch_node_status_or_log(self, resource: str) -> None:
+        """A failed write is not the plugin's fault: the heartbeat writes the same status
+        within heartbeat_interval (and the plugin stays connected, as with kubelet)."""
+        try:
             await self._patch_node_status()
+        except Exception:
+            log.exception("%s: node status after a change of %s", self.node_name, resource)
+
+    async def _plugin_gone(self, plugin: PluginState) -> None:
+        """kubelet's answer to a plugin going away: all its devices unhealthy (allocatable
+        0, capacity kept) and the Node status patched at once; the plugin must register
+        again to get them back."""
+        plugin.devices = dict.fromkeys(plugin.devices, "Unhealthy")
+        await self._patch_node_status_or_log(plugin.resource)
+        plugin.connected = False  # only now: waiters on it look at the Node next
         await self._notify()
+
+    async def _watch_sockets(self) -> None:
+        """End the connection of every plugin whose socket file is gone or replaced."""
+        while True:
+            await asyncio.sleep(self.plugin_poll)
+            for resource, task in list(self._plugin_tasks.items()):
+                plugin = self.plugins[resource]
+                if task.done() or _identity(self.plugin_dir / plugin.endpoint) == plugin.socket:
+                    continue
+                # no await until the plugin is marked gone: a registration arriving
+                # meanwhile would find its new task and channel taken down here
+                del self._plugin_tasks[resource]
+                task.cancel()
+                if (channel := self._channels.pop(resource, None)) is not None:
+                    channel.close()
+                plugin.error = f"socket {plugin.endpoint} was removed or replaced"
+                log.warning("%s: %s: %s", self.node_name, resource, plugin.error)
+                await self._plugin_gone(plugin)
 
     # ------------------------------------------------------------------ pods
 
