@@ -22,8 +22,10 @@ takes the least used device, binpack the most used; ties by name, then index.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections.abc import AsyncIterator, Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -31,7 +33,7 @@ import pytest_asyncio
 from _cluster_checks import assert_not_overcommitted, container_names, holds
 
 from hami import log
-from hami.protocol import ContainerDevice, keys
+from hami.protocol import ContainerDevice, handshake, keys
 from hami.testkit.cluster import (
     ALLOCATED,
     SCHEDULER_NAME,
@@ -61,6 +63,7 @@ USE_TYPE = "nvidia.com/use-gputype"
 NOUSE_TYPE = "nvidia.com/nouse-gputype"
 USE_UUID = "nvidia.com/use-gpuuuid"
 NOUSE_UUID = "nvidia.com/nouse-gpuuuid"
+KUBELET_SAYS_NO = "kubelet reports 0 allocatable nvidia.com/gpu"
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -352,27 +355,61 @@ async def test_stopped_node_agent_makes_its_node_unavailable_then_it_comes_back(
     cluster: LocalCluster,
 ) -> None:
     t4 = cluster.nodes[T4]
+    assert t4.kubelet is not None and cluster.role is not None
     await t4.stop_agent()
+    # the handshake times out too (it alone would keep the node off if kubelet said yes)
+    timed_out = asyncio.create_task(
+        poll(lambda: handshake_reason(cluster, T4) is not None, 15, "T4 handshake timed out")
+    )
+    # protocol.md §2 "kubelet's word wins when it says no": the plugin's socket is gone, so
+    # kubelet reports 0 allocatable at once, well before the handshake could time out
     took = await cluster.wait_available([T4], False, timeout=15)
-    # the last heartbeat is at most one register period old; the scheduler notices on the
-    # first pass after the timeout (second-resolution stamps: +1 s)
-    limit = TIMING.handshake_timeout + TIMING.handshake_period + TIMING.register_period + 1
-    assert took <= limit, (took, limit)
+    assert took < TIMING.handshake_timeout, took
     assert cluster.available(A100) and cluster.available(V100)
+    reasons = cluster.role.scheduler.explain_pod(gpu_pod("probe", [limits(1, mem=3000)]))
+    assert reasons["nodes"][T4].startswith(KUBELET_SAYS_NO), reasons
 
     pod = await run_pod(cluster, gpu_pod("avoid", [limits(1, mem=3000)]))
     assert pod["spec"]["nodeName"] == V100  # binpack's next best once T4 is gone
     await check_started(cluster, pod)
-    assert cluster.role is not None
-    reasons = cluster.role.scheduler.explain_pod(gpu_pod("probe", [limits(1, mem=3000)]))
-    assert reasons["nodes"][T4] == "handshake timed out"
 
+    # the last heartbeat is at most one register period old; the scheduler's stamp times out
+    # on the first pass after the timeout (second-resolution stamps: +1 s)
+    took = await timed_out
+    limit = TIMING.handshake_timeout + TIMING.handshake_period + TIMING.register_period + 1
+    assert took <= limit, (took, limit)
+    assert handshake_reason(cluster, T4) == handshake.HANDSHAKE_TIMED_OUT
+    assert not cluster.available(T4)
+
+    # Back: T4 is available once kubelet has the *new* registration's devices in allocatable
+    # and the role has seen both that and the agent's heartbeat. start_agent returns once
+    # the emulator's plugin state looks ready, and the agent is "ready" when it serves, before
+    # it registers: that state can still be the stopped plugin's, and a Node status written
+    # before the new stream's first answer says 0 allocatable, turning T4 off again just as
+    # "back" is placed (it went to V100 once, under load).
+    kubelet, registered = t4.kubelet, len(t4.kubelet.registrations)
     await t4.start_agent()
+    await kubelet.wait_for(lambda: len(kubelet.registrations) > registered, timeout=15)
+    await kubelet.wait_for_resource(
+        "nvidia.com/gpu", healthy=t4.spec.device_count * t4.spec.split_count
+    )
     took = await cluster.wait_available([T4], True, timeout=15)
     assert took <= TIMING.register_period + TIMING.handshake_period + 2
     pod = await run_pod(cluster, gpu_pod("back", [limits(1, mem=3000)]))
     assert pod["spec"]["nodeName"] == T4
     await check_started(cluster, pod)
+
+
+def handshake_reason(cluster: LocalCluster, node: str) -> str | None:
+    """What the handshake alone says of the node's nvidia type now (None: available)."""
+    assert cluster.role is not None
+    state = cluster.role.scheduler.cluster.nodes[node].types["nvidia"]
+    return handshake.decide(
+        state.handshake_value,
+        has_register=True,
+        now=datetime.now(UTC),
+        timeout=timedelta(seconds=TIMING.handshake_timeout),
+    ).reason
 
 
 # --------------------------------------------------------------------------- scheduler restart
