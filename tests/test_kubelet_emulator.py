@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
@@ -45,9 +46,10 @@ class FakePlugin(api_grpc.DevicePluginBase):
         self._server = Server([self])
         self._watcher: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
+    async def start(self, register: bool = True) -> None:
         await self._server.start(path=str(self.dir / self.endpoint))
-        await self.register()
+        if register:
+            await self.register()
         self._watcher = asyncio.create_task(self._watch_kubelet())
 
     async def stop(self) -> None:
@@ -349,3 +351,28 @@ async def test_removed_plugin_socket_counts_as_gone_while_the_stream_lingers(
         await kubelet.wait_for(lambda: kubelet.plugins[RESOURCE].error is not None, timeout=5)
         assert not kubelet.plugins[RESOURCE].connected
         assert await _allocatable(kube, node) == ("3", "0")
+
+
+async def test_a_plugin_restarted_faster_than_the_socket_watch_is_not_ready_until_it_registers(
+    kube: Kube, kubelet_factory: Any
+) -> None:
+    # The old connection's state must not answer for the new plugin: a caller waiting for
+    # the resource right after a restart would go on before kubelet has the new devices, and
+    # kubelet would then report 0 allocatable until the new stream's first answer.
+    node = _node_name()
+    kubelet: KubeletEmulator = await kubelet_factory(node, plugin_poll=60.0)  # no socket watch
+    first = FakePlugin(kubelet.plugin_dir, ["w0", "w1"])
+    async with running(first):
+        await kubelet.wait_for_resource(RESOURCE, healthy=2)
+    (kubelet.plugin_dir / first.endpoint).unlink(missing_ok=True)
+    second = FakePlugin(kubelet.plugin_dir, ["w0", "w1", "w2"])
+    second.endpoint = first.endpoint  # same path, a new socket file
+    await second.start(register=False)
+    try:
+        with pytest.raises(TimeoutError):
+            await kubelet.wait_for_resource(RESOURCE, timeout=0.3)
+        await second.register()
+        assert (await kubelet.wait_for_resource(RESOURCE)).healthy == ["w0", "w1", "w2"]
+        assert await _allocatable(kube, node) == ("3", "3")
+    finally:
+        await second.stop()

@@ -326,7 +326,8 @@ class KubeletEmulator:
     ) -> PluginState:
         """Wait until `resource`'s plugin is connected and has sent its devices (and, if
         given, reports exactly `healthy` healthy devices); the Node status is patched by
-        then."""
+        then. A connection whose socket file was replaced does not count, even before the
+        socket watch has noticed: it belongs to a plugin that has been restarted."""
 
         def ready() -> bool:
             p = self.plugins.get(resource)
@@ -335,6 +336,7 @@ class KubeletEmulator:
                 and p.connected
                 and p.updates > 0
                 and (healthy is None or len(p.healthy) == healthy)
+                and _identity(self.plugin_dir / p.endpoint) == p.socket
             )
 
         try:
