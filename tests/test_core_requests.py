@@ -135,9 +135,11 @@ def test_selectors_and_policies() -> None:
     assert not selectors.uuid_ok("GPU-z")
 
 
-def test_bad_policy_annotation() -> None:
-    with pytest.raises(RequestError, match="binpack or spread"):
-        parse_pod(pod(gpu(), annotations={"hami.io/gpu-scheduler-policy": "pack"}), [NVIDIA])
+def test_bad_policy_annotation_falls_back_with_a_warning() -> None:
+    # issue 10 item 7: an unknown value never rejects a pod (Go HAMi ignores it too)
+    request = parse_pod(pod(gpu(), annotations={"hami.io/gpu-scheduler-policy": "pack"}), [NVIDIA])
+    assert request is not None and request.device_policy is None
+    assert len(request.warnings) == 1 and "'pack'" in request.warnings[0]
 
 
 def test_mlu_selector_keys() -> None:

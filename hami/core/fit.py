@@ -18,6 +18,9 @@ reason (the codes are HAMi's, so operators see the same words):
                                    (``numa-bind``)
 =================================  ==============================================
 
+Under the ``mutex`` policy a device in use (by anyone, this pod's earlier containers
+included) is ``ExclusiveDeviceAllocateConflict``.
+
 A node's reason lists the reasons of the first container that does not fit, as
 ``{devices}/{node devices} {code}`` sorted by count, e.g.
 ``3/4 CardInsufficientMemory, 1/4 CardTypeMismatch``.
@@ -25,11 +28,21 @@ A node's reason lists the reasons of the first container that does not fit, as
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from hami.core.requests import DeviceRequest, PodRequest, Selectors
+from hami.core.requests import (
+    DEFAULT_WEIGHTS,
+    DevicePolicy,
+    DeviceRequest,
+    PodRequest,
+    Selectors,
+    Weights,
+    device_policy_of,
+)
 from hami.core.usage import DeviceState, Use, hold, with_init_peaks
 from hami.protocol import ContainerDevice, handshake
 
@@ -48,6 +61,12 @@ NODE_UNREGISTERED = handshake.NODE_UNREGISTERED
 
 BINPACK = "binpack"
 SPREAD = "spread"
+NUMA = "numa"
+# topology-aware compares every set of the asked size; past this many sets it grows one
+# set greedily instead (a node annotation cannot make a decision take long).
+MAX_COMBINATIONS = 5000
+
+PairScores = Mapping[str, Mapping[str, int]]  # uuid -> peer uuid -> link score
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +75,9 @@ class TypeView:
 
     devices: Sequence[DeviceState]
     unavailable: str | None = None  # reason the type may not be used, or None
+    # Link scores between devices (``hami.io/node-{type}-score``, higher is better): what
+    # ``topology-aware`` picks by. Empty: none known.
+    pair_scores: PairScores = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -112,13 +134,47 @@ def device_reason(
     return None
 
 
-def _device_score(device: DeviceState, memory: int, cores: int, extra: Use | None) -> float:
+def _device_score(
+    device: DeviceState, memory: int, cores: int, extra: Use | None, weights: Weights
+) -> float:
     slots = 1
     if extra is not None:
         slots += extra.slots
         memory += extra.memory
         cores += extra.cores
-    return device.utilisation(slots, memory, cores)
+    if weights == DEFAULT_WEIGHTS:
+        return device.utilisation(slots, memory, cores)
+    return weighted_utilisation(device, slots, memory, cores, weights)
+
+
+def weighted_utilisation(
+    device: DeviceState, slots: int, memory: int, cores: int, weights: Weights
+) -> float:
+    """``DeviceState.utilisation`` with per-term weights (``hami.io/device-scoring-weights``):
+    the weighted mean of the slot, memory and (with a core limiter) core shares."""
+    total = weights.slot * ((device.used + slots) / device.count if device.count else 1.0)
+    total += weights.memory * (
+        (device.used_memory + memory) / device.total_memory if device.total_memory else 1.0
+    )
+    weight = weights.slot + weights.memory
+    if device.total_cores:
+        total += weights.core * (device.used_cores + cores) / device.total_cores
+        weight += weights.core
+    return total / weight if weight else 0.0
+
+
+def _sort_key(policy: DevicePolicy, score: float, device: DeviceState) -> tuple[float, ...]:
+    """The policy's sort keys in the order written: binpack takes the most used first,
+    spread the least used, numa the lowest NUMA node (so picks share one)."""
+    key: list[float] = []
+    for name in policy.sort_keys:
+        if name == BINPACK:
+            key.append(-score)
+        elif name == SPREAD:
+            key.append(score)
+        else:
+            key.append(float(device.numa))
+    return tuple(key)
 
 
 def fit_container(
@@ -126,49 +182,126 @@ def fit_container(
     request: DeviceRequest,
     selectors: Selectors,
     overlay: Mapping[str, Use],
-    device_policy: str,
+    device_policy: str | DevicePolicy,
     reasons: Counter[str] | None = None,
+    *,
+    weights: Weights = DEFAULT_WEIGHTS,
+    pair_scores: PairScores | None = None,
 ) -> list[tuple[DeviceState, int]] | None:
     """Devices (with the MiB each gives) for one container's request, or None.
 
     ``overlay`` is what earlier containers of the same pod already take on these devices.
-    ``device_policy`` orders the fitting devices: ``spread`` prefers the least used
-    (after this request), ``binpack`` the most used; ties go to the lower device index.
+    ``device_policy`` (a comma list, see ``hami.core.requests.DevicePolicy``) orders the
+    fitting devices by its sort keys: ``spread`` prefers the least used (after this
+    request, scored with ``weights``), ``binpack`` the most used, ``numa`` the lower NUMA
+    node; remaining ties go to the lower device index. ``mutex`` leaves out every device
+    in use; ``topology-aware`` picks by ``pair_scores`` (``_best_connected``).
     """
-    fitting: list[tuple[float, int, DeviceState, int]] = []
+    policy = (
+        device_policy
+        if isinstance(device_policy, DevicePolicy)
+        else device_policy_of(device_policy)
+    )
+    fitting: list[tuple[tuple[float, ...], int, DeviceState, int]] = []
     for device in devices:
         extra = overlay.get(device.uuid) if overlay else None
         why = device_reason(device, request, selectors, extra)
+        if why is None and policy.mutex and device.used + (extra.slots if extra else 0) > 0:
+            why = EXCLUSIVE_CONFLICT  # mutex: only devices nobody uses
         if why is not None:
             if reasons is not None:
                 reasons[why] += 1
             continue
         memory = request.memory_on(device.total_memory)
-        score = _device_score(device, memory, request.cores, extra)
-        key = -score if device_policy == BINPACK else score
-        fitting.append((key, device.index, device, memory))
+        score = _device_score(device, memory, request.cores, extra, weights)
+        fitting.append((_sort_key(policy, score, device), device.index, device, memory))
     if len(fitting) < request.count:
         if reasons is not None and fitting:
             reasons[INSUFFICIENT_DEVICES] += len(fitting)
         return None
     fitting.sort(key=lambda item: (item[0], item[1]))
+    ranked = [(device, memory) for _key, _index, device, memory in fitting]
     if selectors.numa_bind:
-        by_numa: dict[int, list[tuple[DeviceState, int]]] = {}
-        for _key, _index, device, memory in fitting:
-            group = by_numa.setdefault(device.numa, [])
-            group.append((device, memory))
-            if len(group) == request.count:
-                return group  # the NUMA node of the best-ranked device that completes
-        if reasons is not None:
-            reasons[NUMA_NOT_FIT] += len(fitting)
-        return None
-    return [(device, memory) for _key, _index, device, memory in fitting[: request.count]]
+        groups = _numa_groups(ranked, request.count)
+        if not groups:
+            if reasons is not None:
+                reasons[NUMA_NOT_FIT] += len(fitting)
+            return None
+        if policy.topology and request.count > 1:
+            return _best_connected(groups, request.count, pair_scores or {})
+        return groups[0]
+    if policy.topology and len(ranked) > request.count:
+        return _best_connected([ranked], request.count, pair_scores or {})
+    return ranked[: request.count]
+
+
+Pick = tuple[DeviceState, int]  # a device and the MiB it gives
+
+
+def _numa_groups(ranked: Sequence[Pick], count: int) -> list[list[Pick]]:
+    """``numa-bind``: per NUMA node, its first ``count`` ranked devices, for the nodes that
+    have enough; the node of the best-ranked device that completes a set comes first."""
+    by_numa: dict[int, list[Pick]] = {}
+    complete: list[list[Pick]] = []
+    for pick in ranked:
+        group = by_numa.setdefault(pick[0].numa, [])
+        group.append(pick)
+        if len(group) == count:
+            complete.append(group)
+    return complete
+
+
+def _pair(scores: PairScores, a: str, b: str) -> int:
+    forward = scores.get(a)
+    if forward is not None and b in forward:
+        return forward[b]
+    backward = scores.get(b)
+    return backward.get(a, 0) if backward is not None else 0
+
+
+def _set_score(scores: PairScores, picks: Sequence[Pick]) -> int:
+    return sum(_pair(scores, a[0].uuid, b[0].uuid) for a, b in itertools.combinations(picks, 2))
+
+
+def _best_connected(pools: Sequence[Sequence[Pick]], count: int, scores: PairScores) -> list[Pick]:
+    """``topology-aware``, as Go HAMi decides: one device goes to the fitting device worst
+    connected to the others (keeping well-connected sets free); several go to the set with
+    the highest sum of pair scores. Ties keep the policy's order (the earliest set)."""
+    if count == 1:
+        pool = [pick for group in pools for pick in group]
+        totals = [
+            sum(_pair(scores, p[0].uuid, q[0].uuid) for q in pool if q is not p) for p in pool
+        ]
+        return [pool[totals.index(min(totals))]]
+    best: list[Pick] | None = None
+    best_score = -math.inf
+    for group in pools:
+        if math.comb(len(group), count) > MAX_COMBINATIONS:
+            candidates: Sequence[Sequence[Pick]] = [_greedy_set(group, count, scores)]
+        else:
+            candidates = list(itertools.combinations(group, count))
+        for picks in candidates:
+            total = _set_score(scores, picks)
+            if total > best_score:
+                best, best_score = list(picks), total
+    assert best is not None  # every pool has at least ``count`` devices
+    return best
+
+
+def _greedy_set(pool: Sequence[Pick], count: int, scores: PairScores) -> list[Pick]:
+    """From the best-ranked device, add the device best connected to those taken so far."""
+    chosen = [pool[0]]
+    rest = list(pool[1:])
+    while len(chosen) < count:
+        gains = [sum(_pair(scores, c[0].uuid, p[0].uuid) for c in chosen) for p in rest]
+        chosen.append(rest.pop(gains.index(max(gains))))
+    return chosen
 
 
 def fit_pod(
     types: Mapping[str, TypeView],
     request: PodRequest,
-    device_policy: str,
+    device_policy: str | DevicePolicy,
     *,
     explain: bool = False,
 ) -> NodeFit | NodeMiss:
@@ -177,6 +310,11 @@ def fit_pod(
     Init containers run alone, so each is checked against the node's usage only; app
     containers run together, so each sees what the earlier app containers took.
     """
+    policy = (
+        device_policy
+        if isinstance(device_policy, DevicePolicy)
+        else device_policy_of(device_policy)
+    )
     assignment: dict[str, list[list[ContainerDevice]]] = {
         word: [[] for _ in request.containers] for word in request.type_words
     }
@@ -202,8 +340,10 @@ def fit_pod(
                 device_request,
                 request.selectors_for(device_request.type_word),
                 {} if is_init else overlay,
-                device_policy,
+                policy,
                 reasons,
+                weights=request.weights,
+                pair_scores=view.pair_scores,
             )
             if chosen is None:
                 if reasons is None:

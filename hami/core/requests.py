@@ -10,8 +10,11 @@ Pure. The rules (protocol.md section 3):
 
 Pod annotations steer the choice: ``{domain}/use-{word}type``, ``nouse-{word}type``
 (comma lists, case-insensitive substrings of the model), ``use-{word}uuid``,
-``nouse-{word}uuid`` (comma lists, exact uuids), ``{domain}/numa-bind``, and the two
-policy overrides ``hami.io/node-scheduler-policy`` / ``hami.io/gpu-scheduler-policy``.
+``nouse-{word}uuid`` (comma lists, exact uuids), ``{domain}/numa-bind``, the two
+policy overrides ``hami.io/node-scheduler-policy`` / ``hami.io/gpu-scheduler-policy`` (a
+comma list: binpack, spread, numa, mutex, topology-aware) and
+``hami.io/device-scoring-weights``. A policy or weights value that is not understood
+never rejects the pod: the default is used and ``PodRequest.warnings`` says so.
 """
 
 from __future__ import annotations
@@ -27,6 +30,13 @@ from hami.protocol.objects import annotations_of, pod_containers, pod_key
 from hami.protocol.resources import ResourceNames
 
 POLICIES = ("binpack", "spread")
+# hami.io/gpu-scheduler-policy is a comma-separated ordered list (Go HAMi): sort keys in the
+# order written, plus two filters.
+SORT_KEYS = ("binpack", "spread", "numa")
+MUTEX = "mutex"  # only devices nobody uses
+TOPOLOGY = "topology-aware"  # multi-device requests take the best-connected set
+DEVICE_POLICY_WORDS = (*SORT_KEYS, MUTEX, TOPOLOGY)
+DEVICE_SCORING_WEIGHTS = "hami.io/device-scoring-weights"
 
 
 class RequestError(ValueError):
@@ -43,6 +53,16 @@ class DeviceKind:
     allocated_key: str
     to_allocate_key: str
     default_cores: int = 0
+    # A container limit HAMi-core reads as the task priority (``nvidia.com/priority``): a
+    # managed resource kube-scheduler must ignore, never a device count.
+    priority_resource: str | None = None
+
+    def managed_resources(self) -> list[str]:
+        """Every resource name hami handles for this kind (kube-scheduler ignores them)."""
+        names = self.resources.all()
+        if self.priority_resource and self.priority_resource not in names:
+            names.append(self.priority_resource)
+        return names
 
     @property
     def domain(self) -> str:
@@ -74,6 +94,7 @@ class DeviceKind:
             allocated_key=backend.allocated_key,
             to_allocate_key=backend.to_allocate_key,
             default_cores=int(getattr(backend, "default_cores", 0)),
+            priority_resource=getattr(backend, "priority_resource", None),
         )
 
 
@@ -118,6 +139,32 @@ NO_SELECTORS = Selectors()
 
 
 @dataclass(frozen=True, slots=True)
+class Weights:
+    """``hami.io/device-scoring-weights``: how much slots, cores and memory count in a
+    device's utilisation score (Go HAMi's per-pod weights; all 1 by default)."""
+
+    slot: int = 1
+    core: int = 1
+    memory: int = 1
+
+
+DEFAULT_WEIGHTS = Weights()
+
+
+@dataclass(frozen=True, slots=True)
+class DevicePolicy:
+    """A device policy value as Go HAMi reads it: ``binpack,numa``, ``mutex``, ...
+
+    ``sort_keys`` are binpack/spread/numa in the order written (no duplicates); none
+    means spread, as in Go HAMi. ``mutex`` and ``topology`` are filters, not sort keys.
+    """
+
+    sort_keys: tuple[str, ...] = ("spread",)
+    mutex: bool = False
+    topology: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class PodRequest:
     """All containers (init first, then app, each in spec order) and their requests."""
 
@@ -125,7 +172,13 @@ class PodRequest:
     init_count: int
     selectors: Mapping[str, Selectors]  # by type word
     node_policy: str | None = None
+    # The known words of hami.io/gpu-scheduler-policy, comma-joined (``binpack,numa``);
+    # None: the scheduler's default. Read with ``device_policy_of``.
     device_policy: str | None = None
+    weights: Weights = DEFAULT_WEIGHTS
+    # Annotation values that were not understood and fell back to the default: the
+    # scheduler reports them in a warning Event, never rejects the pod for them.
+    warnings: tuple[str, ...] = ()
 
     @property
     def type_words(self) -> list[str]:
@@ -141,6 +194,7 @@ class PodRequest:
 
 # ---------------------------------------------------------------- quantities
 
+_INT64 = re.compile(r"[+-]?[0-9]{1,19}")
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+)([a-zA-Z]*)$")
 _SUFFIX = {
     "": 1,
@@ -198,7 +252,7 @@ def container_resources(container: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def asks_for(container: Mapping[str, Any], kinds: Iterable[DeviceKind]) -> bool:
     names = container_resources(container)
-    return any(name in names for kind in kinds for name in kind.resources.all())
+    return any(name in names for kind in kinds for name in kind.managed_resources())
 
 
 def parse_device_request(
@@ -254,6 +308,19 @@ def parse_device_request(
     )
 
 
+def _check_priority(resources: Mapping[str, Any], kind: DeviceKind, where: str) -> None:
+    """The task priority limit must be a whole number >= 0 (HAMi-core: 0 high, 1 low)."""
+    name = kind.priority_resource
+    if not name or name not in resources:
+        return
+    try:
+        value = parse_quantity(resources[name])
+    except ValueError as exc:
+        raise RequestError(f"{where}: {name}: {exc}; use 0 (high) or 1 (low)") from None
+    if value < 0:
+        raise RequestError(f"{where}: {name} must be 0 (high) or 1 (low), got {value}")
+
+
 def _comma_list(value: str | None) -> list[str]:
     if not value:
         return []
@@ -273,13 +340,92 @@ def parse_selectors(annotations: Mapping[str, str], kind: DeviceKind) -> Selecto
     return Selectors(use_types, nouse_types, use_uuids, nouse_uuids, numa)
 
 
-def _policy(annotations: Mapping[str, str], key: str) -> str | None:
+def _node_policy(annotations: Mapping[str, str], warnings: list[str]) -> str | None:
+    key = keys.NODE_SCHEDULER_POLICY
     value = (annotations.get(key) or "").strip().lower()
     if not value:
         return None
     if value not in POLICIES:
-        raise RequestError(f"annotation {key}: expected binpack or spread, got {value!r}")
+        warnings.append(
+            f"annotation {key}: unknown policy {value!r} (expected binpack or spread); "
+            "the scheduler's default node policy is used"
+        )
+        return None
     return value
+
+
+def _device_policy(annotations: Mapping[str, str], warnings: list[str]) -> str | None:
+    """The known words of the comma list, in order; unknown ones are reported and dropped."""
+    key = keys.DEVICE_SCHEDULER_POLICY
+    value = annotations.get(key)
+    if value is None or not value.strip():
+        return None
+    known: list[str] = []
+    unknown: list[str] = []
+    for word in value.split(","):
+        word = word.strip().lower()
+        if word in DEVICE_POLICY_WORDS:
+            if word not in known:
+                known.append(word)
+        elif word:
+            unknown.append(word)
+    if unknown:
+        default = "the rest of it" if known else "the scheduler's default device policy"
+        warnings.append(
+            f"annotation {key}: unknown policy {', '.join(map(repr, unknown))[:200]} "
+            f"(known: {', '.join(DEVICE_POLICY_WORDS)}); {default} is used"
+        )
+    return ",".join(known) or None
+
+
+def device_policy_of(text: str) -> DevicePolicy:
+    """Read a device policy value (the pod's or the scheduler's default)."""
+    words = [word.strip().lower() for word in text.split(",")]
+    sort_keys = tuple(dict.fromkeys(w for w in words if w in SORT_KEYS))
+    return DevicePolicy(sort_keys or ("spread",), MUTEX in words, TOPOLOGY in words)
+
+
+def parse_weights(value: str) -> Weights:
+    """``slot=1,core=1,memory=3`` as Go HAMi reads it: all three, each once, integers
+    >= 0, at least one above 0; else ValueError saying what is wrong."""
+    parts = value.split(",")
+    if len(parts) != 3:
+        raise ValueError("expected slot, core and memory weights, e.g. slot=1,core=1,memory=3")
+    found: dict[str, int] = {}
+    for part in parts:
+        name, sep, number = part.strip().partition("=")
+        name = name.strip()
+        if not sep:
+            raise ValueError("expected key=value entries, e.g. slot=1,core=1,memory=3")
+        if name in found:
+            raise ValueError(f"duplicate {name!r} weight")
+        number = number.strip()
+        if not _INT64.fullmatch(number) or abs(int(number)) >= 2**63:
+            raise ValueError(f"{name!r} weight must be an integer")
+        weight = int(number)
+        if weight < 0:
+            raise ValueError(f"{name!r} weight must not be negative")
+        if name not in ("slot", "core", "memory"):
+            raise ValueError(f"unknown weight {name!r} (known: slot, core, memory)")
+        found[name] = weight
+    if not any(found.values()):
+        raise ValueError("at least one weight must be positive")
+    return Weights(found["slot"], found["core"], found["memory"])
+
+
+def _weights(annotations: Mapping[str, str], warnings: list[str]) -> Weights:
+    value = annotations.get(DEVICE_SCORING_WEIGHTS)
+    if value is None:
+        return DEFAULT_WEIGHTS
+    try:
+        return parse_weights(value)
+    except ValueError as exc:
+        # Go HAMi refuses to schedule such a pod; here it is scheduled with equal weights.
+        warnings.append(
+            f"annotation {DEVICE_SCORING_WEIGHTS}: {value[:100]!r}: {exc}; "
+            "the default weights slot=1,core=1,memory=1 are used"
+        )
+        return DEFAULT_WEIGHTS
 
 
 def parse_pod(pod: Mapping[str, Any], kinds: Sequence[DeviceKind]) -> PodRequest | None:
@@ -294,6 +440,7 @@ def parse_pod(pod: Mapping[str, Any], kinds: Sequence[DeviceKind]) -> PodRequest
         resources = container_resources(container)
         found: list[DeviceRequest] = []
         for kind in kinds:
+            _check_priority(resources, kind, where)
             request = parse_device_request(resources, kind, where)
             if request is not None:
                 found.append(request)
@@ -308,10 +455,13 @@ def parse_pod(pod: Mapping[str, Any], kinds: Sequence[DeviceKind]) -> PodRequest
         for kind in kinds
         if kind.type_word in types
     }
+    warnings: list[str] = []
     return PodRequest(
         containers=tuple(parsed),
         init_count=init_count,
         selectors={t: s for t, s in selectors.items() if s is not NO_SELECTORS},
-        node_policy=_policy(annotations, keys.NODE_SCHEDULER_POLICY),
-        device_policy=_policy(annotations, keys.DEVICE_SCHEDULER_POLICY),
+        node_policy=_node_policy(annotations, warnings),
+        device_policy=_device_policy(annotations, warnings),
+        weights=_weights(annotations, warnings),
+        warnings=tuple(warnings),
     )
