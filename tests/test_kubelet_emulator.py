@@ -41,6 +41,7 @@ class FakePlugin(api_grpc.DevicePluginBase):
         self.preferred = preferred
         self.fail_allocate = fail_allocate
         self.allocate_calls: list[list[str]] = []
+        self.ended = False
         self.preferred_calls: list[tuple[list[str], int]] = []
         self._updates: asyncio.Queue[None] = asyncio.Queue()
         self._server = Server([self])
@@ -104,9 +105,14 @@ class FakePlugin(api_grpc.DevicePluginBase):
             api_pb2.DevicePluginOptions(get_preferred_allocation_available=self.preferred)
         )
 
+    def end_streams(self) -> None:
+        """End ListAndWatch (the server and its socket stay)."""
+        self.ended = True
+        self._updates.put_nowait(None)
+
     async def ListAndWatch(self, stream: Stream[Any, Any]) -> None:
         await stream.recv_message()
-        while True:
+        while not self.ended:
             await stream.send_message(
                 api_pb2.ListAndWatchResponse(
                     devices=[api_pb2.Device(ID=d, health=h) for d, h in self.health.items()]
@@ -327,6 +333,23 @@ async def test_plugin_gone_drops_allocatable_at_once_and_register_restores_it(
     assert adm.phase == "Failed" and "not connected" in (adm.message or ""), adm
 
     async with running(FakePlugin(kubelet.plugin_dir, ["w0", "w1"])):
+        await kubelet.wait_for_resource(RESOURCE, healthy=2)
+        assert await _allocatable(kube, node) == ("2", "2")
+
+
+async def test_ended_list_and_watch_drops_allocatable_until_the_plugin_registers_again(
+    kube: Kube, kubelet_factory: Any
+) -> None:
+    node = _node_name()
+    kubelet: KubeletEmulator = await kubelet_factory(node)
+    async with running(FakePlugin(kubelet.plugin_dir, ["w0", "w1"])) as plugin:
+        await kubelet.wait_for_resource(RESOURCE, healthy=2)
+        plugin.end_streams()
+        await kubelet.wait_for(lambda: not kubelet.plugins[RESOURCE].connected, timeout=5)
+        assert await _allocatable(kube, node) == ("2", "0")
+        assert kubelet.plugins[RESOURCE].error == "ListAndWatch stream ended"
+        plugin.ended = False
+        await plugin.register()
         await kubelet.wait_for_resource(RESOURCE, healthy=2)
         assert await _allocatable(kube, node) == ("2", "2")
 
