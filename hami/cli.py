@@ -14,7 +14,6 @@ from hami import __version__, config, log
 from hami.backends import registry
 from hami.backends.base import Backend, BackendError
 from hami.cliargs import add_common_flags, load_config
-from hami.protocol import encode_node_devices, handshake
 
 # role name -> module with ``async def main(cfg: config.Config) -> int``
 ROLES = {"node": "hami.node.role", "scheduler": "hami.scheduler.role"}
@@ -103,9 +102,10 @@ async def _show_devices(chosen: dict[str, config.BackendConfig]) -> int:
         ]
         _print_table(rows)
         if node_devices:
-            print("annotations the node agent would write:")
-            print(f"  {backend.handshake_key}: {handshake.reported(now)}")
-            print(f"  {backend.register_key}: {encode_node_devices(node_devices)}")
+            form = backend.settings.register_format
+            print(f"annotations the node agent would write (register_format: {form}):")
+            for key, value in backend.registration(node_devices, now).items():
+                print(f"  {key}: {value}")
         print()
     return 1 if failures else 0
 

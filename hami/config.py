@@ -94,6 +94,9 @@ class SchedulerConfig:
     decision_timeout: Duration = Duration(90)  # an unbound decision stops counting after it
     node_policy: str = "binpack"  # binpack or spread
     device_policy: str = "spread"  # spread or binpack
+    # Enforce ResourceQuota limits.<device memory/cores resource> (hami.core.quota), as Go
+    # HAMi does; needs get/list/watch on resourcequotas.
+    resource_quotas: bool = True
     http: HttpConfig = HttpConfig(port=9395)  # /healthz, /readyz, /metrics
     extender: ExtenderConfig = ExtenderConfig()
     webhook: WebhookConfig = WebhookConfig()
@@ -105,6 +108,7 @@ class BackendConfig:
     split_count: int = 10
     memory_scaling: float = 1.0
     core_scaling: float = 1.0
+    register_format: str = "seed"  # seed (7-field form) or json (for Go HAMi >= 2.8 schedulers)
     resources: dict[str, Any] = field(default_factory=dict)  # overrides of resource names
     options: dict[str, Any] = field(default_factory=dict)  # every other key of the section
 
@@ -127,6 +131,7 @@ class BackendConfig:
             core_scaling=self.core_scaling,
             resources=resources,
             options=self.options,
+            register_format=self.register_format,
         )
 
 
@@ -255,6 +260,11 @@ def _check(config: Config) -> None:
         for key in ("memory_scaling", "core_scaling"):
             if getattr(backend, key) <= 0:
                 raise ConfigError(f"config key backends.{name}.{key}: expected a number > 0")
+        if backend.register_format not in ("seed", "json"):
+            raise ConfigError(
+                f"config key backends.{name}.register_format: expected seed or json, "
+                f"got {backend.register_format!r}"
+            )
 
 
 def _build(cls: type[Any], raw: Any, path: str) -> Any:

@@ -145,6 +145,8 @@ async def test_registrar_writes_at_once_retries_and_reacts_to_health(tmp_path: P
             "hami.io/node-nvidia-register": "GPU-u-0,4,16384,100,NVIDIA-Test,0,true:"
             "GPU-u-1,4,16384,100,NVIDIA-Test,0,true:",
             "hami.io/node-handshake-nvidia": "Reported_2024-01-23 04:30:02",
+            # Go HAMi's NVIDIA key too (protocol.md §1), so its schedulers see the heartbeat
+            "hami.io/node-handshake": "Reported_2024-01-23 04:30:02",
         }
         assert registrar.failures == 0
         # A health change is written at once, not after the 30 s period.

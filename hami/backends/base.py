@@ -11,9 +11,10 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from hami.protocol import ContainerDevice, NodeDevice, keys
+from hami.protocol import ContainerDevice, NodeDevice, handshake, keys, register
 from hami.protocol.resources import ResourceNames as ResourceNames  # re-exported: its old home
 
 
@@ -42,6 +43,8 @@ class BackendSettings:
     core_scaling: float = 1.0
     resources: ResourceNames | None = None  # None: the backend's defaults
     options: Mapping[str, Any] = field(default_factory=dict)
+    # seed (the 7-field form) or json (Go HAMi >= 2.8 reads NVIDIA only as JSON)
+    register_format: str = register.SEED
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +79,11 @@ class AllocationRequest:
     pod_name: str
     pod_uid: str
     container_name: str
-    container_index: int  # in the pod devices value: init containers first
+    container_index: int  # the container's position in the pod: init containers first
     devices: Sequence[ContainerDevice]
     node_devices: Sequence[Device]  # what this node enumerated, to map uuid -> index
     container_env: Mapping[str, str] = field(default_factory=dict)
+    container_limits: Mapping[str, Any] = field(default_factory=dict)  # resources.limits
 
 
 HealthCallback = Callable[[str, bool], None]
@@ -98,11 +102,19 @@ class Backend(abc.ABC):
     # Core percent a request without a cores resource asks for (the scheduler's default):
     # 0 = no core share (NVIDIA), 100 = the whole device (Cambricon MLU).
     default_cores: int = 0
+    # A container limit passed to the device runtime as the task priority (not a device
+    # count): managed by hami, ignored by kube-scheduler. None: the backend has none.
+    priority_resource: str | None = None
 
     def __init__(self, settings: BackendSettings | None = None) -> None:
         self.settings = settings or BackendSettings()
         if self.settings.split_count < 1:
             raise BackendError(f"{self.type_word}: split_count must be >= 1")
+        if self.settings.register_format not in register.REGISTER_FORMATS:
+            raise BackendError(
+                f"{self.type_word}: register_format must be seed or json, "
+                f"got {self.settings.register_format!r}"
+            )
         self.resources = self.settings.resources or self.default_resources
 
     @property
@@ -112,6 +124,11 @@ class Backend(abc.ABC):
     @property
     def handshake_key(self) -> str:
         return keys.node_handshake(self.type_word)
+
+    @property
+    def handshake_keys(self) -> tuple[str, ...]:
+        """Every key the heartbeat goes to: NVIDIA also writes Go HAMi's own key."""
+        return keys.handshake_keys(self.type_word)
 
     @abc.abstractmethod
     async def enumerate(self) -> list[Device]:
@@ -136,6 +153,23 @@ class Backend(abc.ABC):
             )
             for d in sorted(devices, key=lambda d: d.index)
         ]
+
+    def register_value(self, node_devices: Sequence[NodeDevice]) -> str:
+        """The register annotation's value in the configured ``register_format``."""
+        return register.encode_register(node_devices, self.settings.register_format)
+
+    def registration(self, node_devices: Sequence[NodeDevice], now: datetime) -> dict[str, str]:
+        """The node annotations one registration writes: the register value and the
+        heartbeat under every heartbeat key (protocol.md §1)."""
+        annotations = {self.register_key: self.register_value(node_devices)}
+        for key in self.handshake_keys:
+            annotations[key] = handshake.reported(now)
+        return annotations
+
+    def node_annotations(self, devices: Sequence[Device]) -> dict[str, str]:
+        """Further Node annotations written with the register value (NVIDIA: the link
+        scores ``hami.io/node-nvidia-score``), from what ``enumerate`` found. Pure."""
+        return {}
 
     @abc.abstractmethod
     def allocate(self, request: AllocationRequest) -> ContainerAllocation:

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from hami.core.requests import container_resources, parse_quantity
 from hami.protocol import ContainerDevice, NodeDevice
+from hami.protocol.resources import ResourceNames
 
 
 @dataclass(slots=True)
@@ -36,14 +39,37 @@ class Use:
         return self.slots == 0 and self.memory == 0 and self.cores == 0
 
 
-def pod_usage(containers: Sequence[Sequence[ContainerDevice]], init_count: int) -> dict[str, Use]:
-    """Per device uuid, what a pod holds given its per-container devices."""
+def pod_usage(
+    containers: Sequence[Sequence[ContainerDevice]],
+    init_count: int,
+    positions: Sequence[int] | None = None,
+) -> dict[str, Use]:
+    """Per device uuid, what a pod holds given its per-entry devices. ``positions`` names
+    each entry's container (``entry_containers``); None: entry *i* is container *i*."""
     app: dict[str, Use] = {}
     init: dict[str, Use] = {}
-    for position, devices in enumerate(containers):
+    for entry, devices in enumerate(containers):
+        position = positions[entry] if positions is not None and entry < len(positions) else entry
         for device in devices:
             hold(app, init, device.uuid, device.memory, device.cores, is_init=position < init_count)
     return with_init_peaks(app, init)
+
+
+def requesting(containers: Sequence[Mapping[str, Any]], names: ResourceNames) -> list[bool]:
+    """Per container (init first), whether it asks for the type: it names one of the type's
+    resources, and not an explicit count of 0 (the rule of ``parse_device_request``). Total:
+    an unreadable quantity counts as asking."""
+    flags: list[bool] = []
+    for container in containers:
+        resources = container_resources(container) if isinstance(container, Mapping) else {}
+        asks = any(name in resources for name in names.all())
+        if asks and names.count in resources:
+            try:
+                asks = parse_quantity(resources[names.count]) != 0
+            except (ValueError, ArithmeticError, TypeError):
+                asks = True
+        flags.append(asks)
+    return flags
 
 
 def hold(

@@ -24,6 +24,7 @@ from hami.backends.base import (
     ContainerAllocation,
     Device,
 )
+from hami.core.usage import requesting
 from hami.kube.nodelock import DEFAULT_ALLOCATION_TIMEOUT, LockRules, judge_holder, judge_value
 from hami.kube.objects import annotations_of, metadata_of, pod_containers
 from hami.kube.raw import JSON, Conflict, NotFound
@@ -32,6 +33,7 @@ from hami.protocol import (
     ProtocolError,
     decode_pod_devices,
     encode_pod_devices,
+    entry_containers,
     first_pending_entry,
     keys,
     parse_lock,
@@ -157,7 +159,7 @@ def check_entry(
 
 @dataclass(frozen=True, slots=True)
 class ContainerPlan:
-    index: int  # entry index: init containers first, then regular containers
+    index: int  # the container's position: init containers first, then regular containers
     name: str
     devices: Sequence[ContainerDevice]
     allocation: ContainerAllocation
@@ -199,12 +201,14 @@ def plan_allocation(
     except ProtocolError as exc:
         raise AllocateError(f"annotation {key}: {exc}", ref) from None
     containers, _ = pod_containers(pod)
+    positions = _entry_positions(entries, containers, backend, key, ref)
     meta = metadata_of(pod)
     plans: list[ContainerPlan] = []
     for count in requested:
         index = first_pending_entry(entries)
         if index is None:
             raise AllocateError(f"annotation {key} has no devices left to allocate", ref)
+        position = positions[index]
         devices = entries[index]
         if len(devices) != count:
             raise AllocateError(
@@ -219,7 +223,7 @@ def plan_allocation(
                 f"expected {backend.vendor_word!r}",
                 ref,
             )
-        if index >= len(containers):
+        if position >= len(containers):
             raise AllocateError(
                 f"annotation {key} entry {index} has no matching container "
                 f"(the pod has {len(containers)})",
@@ -229,23 +233,24 @@ def plan_allocation(
             check_entry(devices, backend, node_devices, f"annotation {key} entry {index}")
         except AllocateError as exc:
             raise AllocateError(exc.cause, ref) from None
-        container = containers[index]
+        container = containers[position]
         name = str(container.get("name", ""))
         request = AllocationRequest(
             pod_namespace=str(meta.get("namespace", "")),
             pod_name=str(meta.get("name", "")),
             pod_uid=str(meta.get("uid", "")),
             container_name=name,
-            container_index=index,
+            container_index=position,
             devices=list(devices),
             node_devices=list(node_devices),
             container_env=_env(container),
+            container_limits=(container.get("resources") or {}).get("limits") or {},
         )
         try:
             allocation = backend.allocate(request)
         except BackendError as exc:
             raise AllocateError(f"container {name}: {exc}", ref) from None
-        plans.append(ContainerPlan(index, name, list(devices), allocation))
+        plans.append(ContainerPlan(position, name, list(devices), allocation))
         entries[index] = []
     done = first_pending_entry(entries) is None and not _others_pending(pod, key)
     try:
@@ -256,6 +261,31 @@ def plan_allocation(
     if done:
         annotations[keys.BIND_PHASE] = BindPhase.SUCCESS.value
     return AllocationPlan(ref, plans, annotations, done)
+
+
+def _entry_positions(
+    entries: Sequence[Sequence[ContainerDevice]],
+    containers: Sequence[Mapping[str, Any]],
+    backend: Backend,
+    key: str,
+    ref: str,
+) -> list[int]:
+    """The container each entry is for: entry *i* is container *i*, or, in a value with
+    fewer entries than containers (Go HAMi 2.10 leaves out the containers without this
+    type: protocol.md §8), the containers that ask for the type, in order."""
+    asking = requesting(containers, backend.resources)
+    positions = entry_containers(len(entries), asking)
+    if positions is None and not any(asking):
+        # No container names this backend's resources (its names differ from the pod's):
+        # nothing says which containers the entries are for but their order.
+        positions = list(range(len(entries)))
+    if positions is None:
+        raise AllocateError(
+            f"annotation {key} has {len(entries)} entries for {len(containers)} containers, "
+            f"{sum(asking)} of which ask for {backend.resources.count}; {_FIX}",
+            ref,
+        )
+    return positions
 
 
 def _others_pending(pod: Pod, key: str) -> bool:

@@ -3,8 +3,8 @@
 At start-up and then every period (or at once when a device's health changes) the loop
 re-enumerates the backend, then writes, in one merge patch,
 
-    hami.io/node-{type}-register: {devices}
-    hami.io/node-handshake-{type}: Reported_{now}
+    hami.io/node-{type}-register: {devices}        (register_format: seed or json)
+    hami.io/node-handshake-{type}: Reported_{now}  (NVIDIA: also hami.io/node-handshake)
 
 The heartbeat is written every period even when nothing changed, so no cache of "what was
 last written" exists that a failed patch could leave wrong. A failed patch is retried with
@@ -22,17 +22,15 @@ from hami.backends.base import BackendError
 from hami.node.allocate import NodeKube
 from hami.node.metrics import NodeMetrics
 from hami.node.state import DeviceState
-from hami.protocol import encode_node_devices, handshake
 
 _log = log.get(__name__)
 
 
 def registration_annotations(state: DeviceState, now: datetime) -> dict[str, str]:
     backend = state.backend
-    return {
-        backend.register_key: encode_node_devices(backend.to_node_devices(state.devices)),
-        backend.handshake_key: handshake.reported(now),
-    }
+    annotations = backend.registration(backend.to_node_devices(state.devices), now)
+    annotations.update(backend.node_annotations(state.devices))  # e.g. NVIDIA's link scores
+    return annotations
 
 
 class Registrar:

@@ -8,6 +8,7 @@ from hami.protocol.poddevices import (
     PodDevices,
     decode_pod_devices,
     encode_pod_devices,
+    entry_containers,
     first_pending_entry,
 )
 from hami.protocol.register import NodeDevice, decode_node_devices, encode_node_devices
@@ -22,6 +23,7 @@ __all__ = [
     "decode_pod_devices",
     "encode_node_devices",
     "encode_pod_devices",
+    "entry_containers",
     "first_pending_entry",
     "handshake",
     "keys",

@@ -9,18 +9,29 @@ _GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 _GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 
 
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+UINT32_MAX = 2**32 - 1
+UINT64_MAX = 2**64 - 1
+
+
 def parse_int32(text: str, *, what: str, field: str) -> int:
-    """Parse like Go's ``strconv.Atoi`` into an int32: optional sign, ASCII digits only."""
+    """Parse like Go's ``strconv.ParseInt(text, 10, 32)``: optional sign, ASCII digits only."""
+    return parse_int(text, what=what, field=field, bits=32)
+
+
+def parse_int(text: str, *, what: str, field: str, bits: int) -> int:
+    """Parse like Go's ``strconv.ParseInt(text, 10, bits)`` (``Atoi`` is ``bits=64``)."""
     digits = text[1:] if text[:1] in ("+", "-") else text
     if not digits or not digits.isascii() or not digits.isdigit():
         raise ProtocolError(what, f"{field} is not an integer", text)
-    if len(digits.lstrip("0")) > 10:
+    if len(digits.lstrip("0")) > 20:
         # int() refuses strings over 4300 digits with a plain ValueError, which would escape
-        # callers that catch ProtocolError; anything over 10 digits is out of int32 anyway.
-        raise ProtocolError(what, f"{field} does not fit in int32", text)
+        # callers that catch ProtocolError; anything over 20 digits is out of int64 anyway.
+        raise ProtocolError(what, f"{field} does not fit in int{bits}", text)
     value = int(text)
-    if not INT32_MIN <= value <= INT32_MAX:
-        raise ProtocolError(what, f"{field} does not fit in int32", text)
+    if not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
+        raise ProtocolError(what, f"{field} does not fit in int{bits}", text)
     return value
 
 

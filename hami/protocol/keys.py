@@ -32,3 +32,15 @@ def node_register(type_word: str) -> str:
 
 def node_handshake(type_word: str) -> str:
     return f"hami.io/node-handshake-{type_word}"
+
+
+# Go HAMi's NVIDIA plugin and scheduler (since v2.4) use this key without the type suffix;
+# NVIDIA writes and reads its heartbeat under both (protocol.md §1, §2).
+NVIDIA_HANDSHAKE = "hami.io/node-handshake"
+
+
+def handshake_keys(type_word: str) -> tuple[str, ...]:
+    """Every key a type's heartbeat is written to and read from, this project's first."""
+    if type_word == "nvidia":
+        return (node_handshake(type_word), NVIDIA_HANDSHAKE)
+    return (node_handshake(type_word),)

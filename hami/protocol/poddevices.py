@@ -43,11 +43,19 @@ def encode_pod_devices(containers: Sequence[Sequence[ContainerDevice]]) -> str:
 
 
 def decode_pod_devices(value: str) -> PodDevices:
-    """Decode a value; ``""`` is no containers, ``";"`` is one container with nothing left."""
+    """Decode a value; ``""`` is no containers, ``";"`` is one container with nothing left.
+
+    The piece after the final ``;`` is an entry only when it holds devices, as Go HAMi reads
+    it (its empty one is not an entry: protocol.md §8); other text there is rejected."""
     pieces = value.split(";")
-    if pieces[-1].strip():
-        raise ProtocolError(_WHAT, "the last entry does not end with ';'", value)
-    return [_decode_entry(entry) for entry in pieces[:-1]]
+    entries = [_decode_entry(entry) for entry in pieces[:-1]]
+    tail = pieces[-1]
+    if tail.strip():
+        last = _decode_entry(tail)
+        if not last:
+            raise ProtocolError(_WHAT, "text after the last ';' is not a device", value)
+        entries.append(last)
+    return entries
 
 
 def _decode_entry(entry: str) -> list[ContainerDevice]:
@@ -81,3 +89,18 @@ def first_pending_entry(containers: PodDevices) -> int | None:
         if devices:
             return index
     return None
+
+
+def entry_containers(entries: int, requesting: Sequence[bool]) -> list[int] | None:
+    """The container (position, init containers first) each entry of a value belongs to.
+
+    A value with an entry per container maps entry *i* to container *i*. Go HAMi 2.10 writes
+    no entry for a container that asks for no device of the type (protocol.md §8), so a
+    value with fewer entries than the pod has containers maps its entries, in order, onto
+    the containers that ask for the type (``requesting``, one flag per container). None
+    when neither fits: the value does not belong to this pod.
+    """
+    if entries >= len(requesting):
+        return list(range(entries))
+    asking = [position for position, asks in enumerate(requesting) if asks]
+    return asking if entries == len(asking) else None

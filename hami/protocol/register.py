@@ -1,16 +1,36 @@
-"""Node device registration values: ``hami.io/node-{type}-register`` (protocol.md section 1)."""
+"""Node device registration values: ``hami.io/node-{type}-register`` (protocol.md section 1).
+
+Two writer forms (a per-backend setting, ``register_format``): ``seed``, the 7-field form,
+and ``json``, byte for byte what Go HAMi >= 2.8's ``MarshalNodeDevices`` writes. The reader
+takes the 7-field, 9-field and JSON forms with Go HAMi's own rules, except where
+protocol.md §8 says this project rejects on purpose (negative counts, memory or cores).
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hami.protocol._ints import INT32_MAX, INT32_MIN, parse_go_bool, parse_int32
+from hami.protocol._ints import (
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    INT64_MIN,
+    UINT32_MAX,
+    UINT64_MAX,
+    parse_go_bool,
+    parse_int,
+    parse_int32,
+)
 from hami.protocol.errors import ProtocolError
 
 DEFAULT_MODE = "hami-core"
+SEED = "seed"
+JSON = "json"
+REGISTER_FORMATS = (SEED, JSON)
 _WHAT = "node register value"
 _FORBIDDEN = (",", ":")
 
@@ -30,6 +50,15 @@ class NodeDevice:
     mode: str = DEFAULT_MODE
 
 
+def encode_register(devices: Iterable[NodeDevice], register_format: str = SEED) -> str:
+    """The register value in the backend's configured form (``seed`` or ``json``)."""
+    if register_format == JSON:
+        return encode_node_devices_json(devices)
+    if register_format == SEED:
+        return encode_node_devices(devices)
+    raise ProtocolError(_WHAT, "unknown register_format, expected seed or json", register_format)
+
+
 def encode_node_devices(devices: Iterable[NodeDevice]) -> str:
     """Write the 7-field form; every device, the last one too, ends with ``:``."""
     parts: list[str] = []
@@ -38,8 +67,11 @@ def encode_node_devices(devices: Iterable[NodeDevice]) -> str:
             if any(ch in text for ch in _FORBIDDEN):
                 raise ProtocolError(_WHAT, f"{field} must not contain ',' or ':'", text)
         if device.uuid.lstrip().startswith("["):
-            # A leading '[' would make readers take the whole value for the JSON form.
+            # A leading '[' makes readers try the whole value as the JSON form first.
             raise ProtocolError(_WHAT, "uuid must not start with '['", device.uuid)
+        if min(device.count, device.memory, device.cores) < 0:
+            # protocol.md §8: readers reject negative numbers, so none is written.
+            raise ProtocolError(_WHAT, "count, memory and cores must not be negative", repr(device))
         healthy = "true" if device.healthy else "false"
         parts.append(
             f"{device.uuid},{device.count},{device.memory},{device.cores},"
@@ -48,10 +80,88 @@ def encode_node_devices(devices: Iterable[NodeDevice]) -> str:
     return "".join(parts)
 
 
+# --------------------------------------------------------------------------- JSON writer
+
+# Go's encoding/json escapes these besides what every JSON writer escapes.
+_GO_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028"}
+_GO_ESCAPES["\u2029"] = "\\u2029"
+_GO_ESCAPED = re.compile("[<>&\u2028\u2029]")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # not UTF-8: Go writes U+FFFD instead
+
+
+def _go_string(text: str) -> str:
+    quoted = json.dumps(_SURROGATE.sub("\ufffd", text), ensure_ascii=False)
+    return _GO_ESCAPED.sub(lambda m: _GO_ESCAPES[m.group(0)], quoted)
+
+
+def encode_node_devices_json(devices: Iterable[NodeDevice]) -> str:
+    """What Go HAMi's ``MarshalNodeDevices`` writes: keys in its struct order, zero values
+    left out (``omitempty``), devices in the order given (callers sort by index)."""
+    items: list[str] = []
+    for device in devices:
+        _check_writable(device)
+        fields = [f'"id":{_go_string(device.uuid)}']
+        for key, number in (
+            ("index", device.index),
+            ("count", device.count),
+            ("devmem", device.memory),
+            ("devcore", device.cores),
+        ):
+            if number:
+                fields.append(f'"{key}":{number}')
+        if device.model:
+            fields.append(f'"type":{_go_string(device.model)}')
+        if device.numa:
+            fields.append(f'"numa":{device.numa}')
+        if device.mode:
+            fields.append(f'"mode":{_go_string(device.mode)}')
+        if device.healthy:
+            fields.append('"health":true')
+        items.append("{" + ",".join(fields) + "}")
+    return "[" + ",".join(items) + "]"
+
+
+def _check_writable(device: NodeDevice) -> None:
+    """Refuse what this project's reader would refuse (protocol.md §8), so a node never
+    writes a value the scheduler rejects."""
+    if not device.uuid:
+        raise ProtocolError(_WHAT, "uuid is empty", repr(device))
+    for field, value in (("count", device.count), ("memory", device.memory)):
+        if not 0 <= value <= INT32_MAX:
+            raise ProtocolError(_WHAT, f"{field} is outside 0..{INT32_MAX}", repr(device))
+    if not 0 <= device.cores <= INT32_MAX:
+        raise ProtocolError(_WHAT, f"cores is outside 0..{INT32_MAX}", repr(device))
+    if not 0 <= device.index <= UINT64_MAX:
+        raise ProtocolError(_WHAT, "index is outside an unsigned 64-bit integer", repr(device))
+    if not INT64_MIN <= device.numa <= INT64_MAX:
+        raise ProtocolError(_WHAT, "numa does not fit in int64", repr(device))
+
+
+# --------------------------------------------------------------------------- reader
+
+
 def decode_node_devices(value: str) -> list[NodeDevice]:
-    """Read the 7-field, 9-field or JSON form. Any malformed part rejects the whole value."""
+    """Read the 7-field, 9-field or JSON form. Any malformed part rejects the whole value.
+
+    A value starting with ``[`` (or JSON ``null``, Go's empty list) is JSON; when it is not
+    valid JSON but reads as the comma form (an id starting with ``[``), that is what it is,
+    as Go HAMi's comma reader takes it."""
+    stripped = value.strip(" \t\r\n")
+    if stripped == "null":
+        return []
     if value.lstrip().startswith("["):
-        return _decode_json(value)
+        try:
+            return _decode_json(value)
+        except ProtocolError:
+            try:
+                return _decode_fields(value)
+            except ProtocolError:
+                pass
+            raise
+    return _decode_fields(value)
+
+
+def _decode_fields(value: str) -> list[NodeDevice]:
     if ":" not in value:
         raise ProtocolError(_WHAT, "no device separator ':'", value)
     devices: list[NodeDevice] = []
@@ -66,21 +176,20 @@ def _decode_segment(segment: str, *, position: int) -> NodeDevice:
     if len(fields) not in (7, 9):
         raise ProtocolError(_WHAT, f"a device has {len(fields)} fields, expected 7 or 9", segment)
     uuid, count, memory, cores, model, numa, healthy = fields[:7]
+    # The 7-field form numbers devices by position (Go gives each index 0: protocol.md §8).
     index, mode = position, DEFAULT_MODE
     if len(fields) == 9:
-        index = parse_int32(fields[7], what=_WHAT, field="index")
+        index = parse_int(fields[7], what=_WHAT, field="index", bits=64)
         if index < 0:
             raise ProtocolError(_WHAT, "index is negative", segment)
         mode = fields[8]
-    if not uuid:
-        raise ProtocolError(_WHAT, "uuid is empty", segment)
     return NodeDevice(
         uuid=uuid,
         count=_non_negative(count, "count"),
         memory=_non_negative(memory, "memory"),
         cores=_non_negative(cores, "cores"),
         model=model,
-        numa=parse_int32(numa, what=_WHAT, field="numa"),
+        numa=parse_int(numa, what=_WHAT, field="numa", bits=64),
         healthy=parse_go_bool(healthy, what=_WHAT, field="healthy"),
         index=index,
         mode=mode,
@@ -94,55 +203,165 @@ def _non_negative(text: str, field: str) -> int:
     return value
 
 
-# JSON form (HAMi >= 2.8): keys matched case-insensitively, absent keys take zero values.
-_JSON_INTS = {"index": "index", "count": "count", "devmem": "memory", "devcore": "cores"}
+# JSON form (HAMi >= 2.8), read as Go's encoding/json reads it into HAMi's DeviceInfo: keys
+# matched ignoring ASCII case (the last one wins), unknown keys ignored, absent keys and
+# ``null`` taking the zero value, integers only within their Go type, known keys of the
+# wrong type rejecting the value.
+
+
+class _Pairs(list[tuple[str, Any]]):
+    """A JSON object with its keys in order, duplicates kept (Go: the last one wins)."""
+
+
+Check = Callable[[Any, str], Any]
+
+
+def _integer(low: int, high: int) -> Check:
+    def check(raw: Any, key: str) -> int:
+        if raw is None:
+            return 0
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise ValueError(f"JSON key {key!r} is not an integer")
+        if not low <= raw <= high:
+            raise ValueError(f"JSON key {key!r} is outside {low}..{high}")
+        return raw
+
+    return check
+
+
+def _string(raw: Any, key: str) -> str:
+    if raw is None:
+        return ""
+    if not isinstance(raw, str):
+        raise ValueError(f"JSON key {key!r} is not a string")
+    return raw
+
+
+def _boolean(raw: Any, key: str) -> bool:
+    if raw is None:
+        return False
+    if not isinstance(raw, bool):
+        raise ValueError(f"JSON key {key!r} is not a boolean")
+    return raw
+
+
+def _anything(raw: Any, key: str) -> Any:
+    return raw
+
+
+def _list(item: Check) -> Check:
+    def check(raw: Any, key: str) -> list[Any]:
+        if raw is None:
+            return []
+        if not isinstance(raw, list):
+            raise ValueError(f"JSON key {key!r} is not an array")
+        return [item(entry, key) for entry in raw]
+
+    return check
+
+
+def _object(fields: Mapping[str, Check]) -> Check:
+    def check(raw: Any, key: str) -> dict[str, Any]:
+        if raw is None:
+            return {name: field(None, name) for name, field in fields.items()}
+        if not isinstance(raw, _Pairs):
+            raise ValueError(f"JSON key {key!r} is not an object")
+        given: dict[str, Any] = {}
+        for name, val in raw:
+            folded = _ascii_lower(name)
+            if folded in fields:
+                given[folded] = val
+        return {name: field(given.get(name), name) for name, field in fields.items()}
+
+    return check
+
+
+def _map(raw: Any, key: str) -> Any:
+    if raw is not None and not isinstance(raw, _Pairs):
+        raise ValueError(f"JSON key {key!r} is not an object")
+    return raw
+
+
+_INT32 = _integer(INT32_MIN, INT32_MAX)
+_UINT32 = _integer(0, UINT32_MAX)
+_PLACEMENT = _object({"start": _UINT32, "size": _UINT32})
+_MIG_PROFILE = _object(
+    {
+        "name": _string,
+        "memorymb": _INT32,
+        "core": _INT32,
+        "slicecount": _UINT32,
+        "placements": _list(_PLACEMENT),
+    }
+)
+_MIG_TEMPLATE = _object({"name": _string, "core": _INT32, "memory": _INT32, "count": _INT32})
+_DEVICE = _object(
+    {
+        "id": _string,
+        "index": _integer(0, UINT64_MAX),
+        "count": _INT32,
+        "devmem": _INT32,
+        "devcore": _INT32,
+        "type": _string,
+        "numa": _integer(INT64_MIN, INT64_MAX),
+        "mode": _string,
+        "migprofiles": _list(_MIG_PROFILE),
+        "migtemplate": _list(_list(_MIG_TEMPLATE)),
+        "health": _boolean,
+        "devicevendor": _string,
+        "custominfo": _map,
+        "devicepairscore": _anything,  # json:"-" in Go: never read
+    }
+)
+
+
+def _ascii_lower(text: str) -> str:
+    """Go folds only ASCII letters when it matches keys (a dotless i does not match ``id``)."""
+    return text.translate(_ASCII_LOWER)
+
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
 def _decode_json(value: str) -> list[NodeDevice]:
     try:
-        items = json.loads(value)
+        items = json.loads(value, object_pairs_hook=_Pairs, parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:
         # ValueError, not only JSONDecodeError: an integer literal over 4300 digits raises a
         # plain ValueError, which must be rejected like any other invalid JSON.
         raise ProtocolError(_WHAT, f"invalid JSON ({exc})", value) from None
+    if items is None:
+        return []
     if not isinstance(items, list):
         raise ProtocolError(_WHAT, "JSON value is not an array", value)
     return [_decode_json_item(item, value) for item in items]
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def _decode_json_item(item: Any, value: str) -> NodeDevice:
-    if not isinstance(item, Mapping):
+    if item is None:
+        # Go's reader takes a null item and its NVIDIA scheduler then crashes on it.
+        raise ProtocolError(_WHAT, "JSON array item is null", value)
+    if not isinstance(item, _Pairs):
         raise ProtocolError(_WHAT, "JSON array item is not an object", value)
-    lowered = {str(key).lower(): val for key, val in item.items()}
-    ints: dict[str, int] = {}
-    for key, field in _JSON_INTS.items():
-        raw = lowered.get(key, 0)
-        if isinstance(raw, bool) or not isinstance(raw, int):
-            raise ProtocolError(_WHAT, f"JSON key {key!r} is not an integer", value)
-        if not INT32_MIN <= raw <= INT32_MAX:
-            raise ProtocolError(_WHAT, f"JSON key {key!r} does not fit in int32", value)
-        if raw < 0:
+    try:
+        fields = _DEVICE(item, "device")
+    except ValueError as exc:
+        raise ProtocolError(_WHAT, str(exc), value) from None
+    for key in ("count", "devmem", "devcore"):
+        if fields[key] < 0:
             raise ProtocolError(_WHAT, f"JSON key {key!r} is negative", value)
-        ints[field] = raw
-    numa = lowered.get("numa", 0)
-    if isinstance(numa, bool) or not isinstance(numa, int) or not INT32_MIN <= numa <= INT32_MAX:
-        raise ProtocolError(_WHAT, "JSON key 'numa' is not an int32", value)
-    texts: dict[str, str] = {}
-    for key in ("id", "type", "mode"):
-        raw = lowered.get(key, "")
-        if not isinstance(raw, str):
-            raise ProtocolError(_WHAT, f"JSON key {key!r} is not a string", value)
-        texts[key] = raw
-    health = lowered.get("health", False)
-    if not isinstance(health, bool):
-        raise ProtocolError(_WHAT, "JSON key 'health' is not a boolean", value)
-    if not texts["id"]:
-        raise ProtocolError(_WHAT, "JSON device without 'id'", value)
     return NodeDevice(
-        uuid=texts["id"],
-        model=texts["type"],
-        mode=texts["mode"],
-        numa=numa,
-        healthy=health,
-        **ints,
+        uuid=fields["id"],
+        count=fields["count"],
+        memory=fields["devmem"],
+        cores=fields["devcore"],
+        model=fields["type"],
+        numa=fields["numa"],
+        healthy=fields["health"],
+        index=fields["index"],
+        mode=fields["mode"],
     )
