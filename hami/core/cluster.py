@@ -20,11 +20,21 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from hami.core.fit import BINPACK, NodeFit, NodeMiss, TypeView, fit_pod
+from hami.core import topology
+from hami.core.fit import BINPACK, NodeFit, NodeMiss, PairScores, TypeView, fit_pod
+from hami.core.quota import Quotas
 from hami.core.requests import DeviceKind, DeviceRequest, PodRequest, parse_quantity
-from hami.core.usage import DeviceState, Use, pod_usage
-from hami.protocol import ProtocolError, decode_node_devices, decode_pod_devices, handshake, keys
-from hami.protocol.objects import annotations_of, metadata_of, pod_key
+from hami.core.usage import DeviceState, Use, pod_usage, requesting
+from hami.protocol import (
+    NodeDevice,
+    ProtocolError,
+    decode_node_devices,
+    decode_pod_devices,
+    entry_containers,
+    handshake,
+    keys,
+)
+from hami.protocol.objects import annotations_of, metadata_of, pod_containers, pod_key
 from hami.protocol.stamps import parse_unix_seconds
 
 FINISHED_PHASES = ("Succeeded", "Failed")
@@ -44,12 +54,16 @@ class TypeState:
 
     kind: DeviceKind
     register_value: str | None = None
-    handshake_value: str | None = None
+    handshake_value: str | None = None  # the first of ``handshakes`` (this project's key first)
+    handshakes: dict[str, str] = field(default_factory=dict)  # every heartbeat key present
     devices: list[DeviceState] = field(default_factory=list)
     error: str | None = None  # the register value does not parse
     kubelet_reason: str | None = None  # kubelet allocates none of the count resource
     kubelet_advertises: bool = False  # status.allocatable has the count resource above 0
     heartbeats: bool = False  # a Reported value was seen since the register value changed
+    score_value: str | None = None  # hami.io/node-{type}-score as last seen
+    pair_scores: PairScores = field(default_factory=dict)  # read from it ({}: none, unread)
+    score_error: str | None = None  # why score_value does not read
     available: bool = False
     reason: str | None = handshake.NODE_UNREGISTERED  # why unavailable
     view: TypeView = field(default_factory=lambda: TypeView(()))
@@ -74,7 +88,7 @@ class TypeState:
 
     def refresh_view(self) -> None:
         unavailable = None if self.available else (self.reason or "unavailable")
-        self.view = TypeView(self.devices, unavailable)
+        self.view = TypeView(self.devices, unavailable, self.pair_scores)
 
 
 @dataclass(slots=True, eq=False)
@@ -103,6 +117,8 @@ class PodRecord:
     stamp: str | None = field(default=None, compare=False)  # hami.io/vgpu-time as written
     since: datetime | None = field(default=None, compare=False)  # deadline start, None: next pass
     reserved: bool = field(default=False, compare=False)  # made by reserve(), no event yet
+    # uuid -> device type: which quota resources the hold counts against (hami.core.quota)
+    types: Mapping[str, str] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +173,7 @@ class Cluster:
         self.nodes: dict[str, NodeState] = {}
         self.pods: dict[str, PodRecord] = {}
         self.pinned: set[str] = set()  # pods whose reservation a watch event must not undo
+        self.quotas = Quotas(kinds)  # namespace quotas, charged by every record (_apply)
         # Unbound decisions past their deadline: known, not counted (see expire_decisions).
         self.lapsed: dict[str, PodRecord] = {}
         self._clock: datetime | None = None  # the latest time passed in
@@ -186,16 +203,22 @@ class Cluster:
         devices_changed = False
         for word, kind in self.kinds.items():
             register = annotations.get(keys.node_register(word))
-            shake = annotations.get(keys.node_handshake(word))
+            shakes = {k: annotations[k] for k in keys.handshake_keys(word) if k in annotations}
             state = node.types.get(word)
             if state is None:
-                if register is None and shake is None:
+                if register is None and not shakes:
                     continue
                 state = node.types[word] = TypeState(kind)
-            state.handshake_value = shake
+            state.handshakes = shakes
+            state.handshake_value = next(iter(shakes.values()), None)
             resource = kind.resources.count
             state.kubelet_reason = _kubelet_says_no(resource, capacity, allocatable)
             state.kubelet_advertises = (_count(allocatable.get(resource)) or 0) > 0
+            score = annotations.get(topology.score_key(word))
+            if score != state.score_value:  # topology-aware's link scores
+                state.score_value = score
+                state.pair_scores, state.score_error = topology.read_pair_scores(score)
+                devices_changed = True
             if register != state.register_value:
                 state.register_value = register
                 state.heartbeats = False
@@ -204,7 +227,10 @@ class Cluster:
                 if error:
                     # The key goes with the error so the log names node, key and reason.
                     errors.append(f"{keys.node_register(word)}: {error}")
-            if handshake.parse_handshake(shake).state is handshake.HandshakeState.REPORTED:
+            if any(
+                handshake.parse_handshake(v).state is handshake.HandshakeState.REPORTED
+                for v in shakes.values()
+            ):
                 state.heartbeats = True
         changes = self._decide_safely(node, now, write=False)[1]
         if devices_changed or changes:
@@ -222,7 +248,7 @@ class Cluster:
             except ProtocolError as exc:
                 state.error = str(exc)
             else:
-                state.devices = [DeviceState.from_node_device(d) for d in decoded]
+                state.devices = [_device_state(d) for d in decoded]
                 state.devices.sort(key=lambda d: d.index)
         for device in state.devices:
             node.devices[device.uuid] = device
@@ -293,13 +319,7 @@ class Cluster:
         writes: dict[str, str] = {}
         changes: list[AvailabilityChange] = []
         for word, state in node.types.items():
-            decision = handshake.decide(
-                state.handshake_value,
-                has_register=state.register_value is not None,
-                now=now,
-                timeout=self.handshake_timeout,
-            )
-            available, reason = decision.available, decision.reason
+            available, reason, stamps = self._decide_keys(word, state, now)
             if reason == handshake.HANDSHAKE_TIMED_OUT and _never_heartbeats(state):
                 available, reason = True, None
             if state.kubelet_reason is not None:
@@ -310,8 +330,8 @@ class Cluster:
                 available, reason = False, handshake.NODE_UNREGISTERED
             if available and state.error is not None:
                 available, reason = False, state.error
-            if decision.write is not None and write:
-                writes[keys.node_handshake(word)] = decision.write
+            if write:
+                writes.update(stamps)
             if available != state.available or reason != state.reason:
                 if available != state.available:
                     changes.append(AvailabilityChange(node.name, word, available, reason))
@@ -322,6 +342,28 @@ class Cluster:
                 state.refresh_view()
                 node.views[word] = state.view
         return writes, changes
+
+    def _decide_keys(
+        self, word: str, state: TypeState, now: datetime
+    ) -> tuple[bool, str | None, dict[str, str]]:
+        """protocol.md §2 over each heartbeat key of a type: available when any key says so
+        (this project's key's reason first when none does); ``Requesting_`` goes to the keys
+        found, or to every key of the type when none is there yet."""
+        has_register = state.register_value is not None
+        found = state.handshakes or dict.fromkeys(keys.handshake_keys(word))
+        decisions = [
+            (
+                key,
+                handshake.decide(
+                    value, has_register=has_register, now=now, timeout=self.handshake_timeout
+                ),
+            )
+            for key, value in found.items()
+        ]
+        stamps = {key: d.write for key, d in decisions if d.write is not None}
+        if any(d.available for _key, d in decisions):
+            return True, None, stamps
+        return False, decisions[0][1].reason, stamps
 
     def _node_changed(self, node: NodeState) -> None:
         for word, state in node.types.items():
@@ -382,8 +424,9 @@ class Cluster:
             # kubelet admits a pod all or nothing, so it will not start with these devices.
             # A pod that runs all the same counts: kubelet's word wins over the annotation.
             return None, []
-        init_count = len(spec.get("initContainers") or [])
+        specs, init_count = pod_containers(obj)
         usage: dict[str, Use] = {}
+        types: dict[str, str] = {}
         errors: list[str] = []
         for kind in self.kinds.values():
             value = annotations.get(kind.allocated_key)
@@ -394,13 +437,16 @@ class Cluster:
             except ProtocolError as exc:
                 errors.append(f"{kind.allocated_key}: {exc}")
                 continue
-            for uuid, use in pod_usage(containers, init_count).items():
+            # Go HAMi's values may lack the entries of containers without this type.
+            positions = entry_containers(len(containers), requesting(specs, kind.resources))
+            for uuid, use in pod_usage(containers, init_count, positions).items():
                 usage.setdefault(uuid, Use()).add(use)
+                types[uuid] = kind.type_word
         if not usage:
             return None, errors
         uid = str(meta.get("uid") or "")
         stamp = annotations.get(keys.VGPU_TIME)
-        return PodRecord(pod_key(obj), uid, node, usage, bound, stamp), errors
+        return PodRecord(pod_key(obj), uid, node, usage, bound, stamp, types=types), errors
 
     def upsert_pod(self, obj: Mapping[str, Any], now: datetime | None = None) -> list[str]:
         """Take a Pod's state; returns decode errors of its device annotations.
@@ -498,6 +544,7 @@ class Cluster:
             self._apply(record, 1)
 
     def _apply(self, record: PodRecord, sign: int) -> None:
+        self.quotas.hold(record.key, record.usage, record.types, sign)
         node = self.nodes.get(record.node)
         if node is None:
             node = self.nodes[record.node] = NodeState(record.node, exists=False)
@@ -521,7 +568,8 @@ class Cluster:
     def reserve(self, key: str, uid: str, node: str, fit: NodeFit) -> PodRecord | None:
         """Hold ``fit`` for the pod at once; returns the record it replaced."""
         previous = self.pods.get(key)
-        self._set_record(key, PodRecord(key, uid, node, fit.usage, reserved=True))
+        record = PodRecord(key, uid, node, fit.usage, reserved=True, types=fit_types(fit))
+        self._set_record(key, record)
         return previous
 
     def rollback(self, key: str, previous: PodRecord | None) -> None:
@@ -537,6 +585,7 @@ class Cluster:
         candidates: Collection[str] | None = None,
         *,
         window: int = DEFAULT_WINDOW,
+        namespace: str | None = None,
     ) -> Decision:
         """Choose a node and devices for ``request`` among ``candidates`` (None: all).
 
@@ -545,7 +594,15 @@ class Cluster:
         summary or fitted in detail. The first ``window`` nodes that fit are scored with
         the pod's own request added, and the best of them wins (ties by name). When none
         fits, every candidate gets its reason.
+
+        With ``namespace``, a fit must also fit that namespace's quota (``hami.core.quota``):
+        a pod that cannot fit it anywhere is refused before any node is fitted.
         """
+        if namespace is not None:
+            over = self.quotas.precheck(namespace, request)
+            if over is not None:
+                names = self.nodes.keys() if candidates is None else candidates
+                return Decision(None, failed=dict.fromkeys(names, over))
         node_policy = request.node_policy or self.node_policy
         device_policy = request.device_policy or self.device_policy
         needs = _needs(request)
@@ -558,7 +615,7 @@ class Cluster:
                 continue
             evaluated += 1
             result = fit_pod(node.views, request, device_policy)
-            if isinstance(result, NodeFit):
+            if isinstance(result, NodeFit) and not self._quota_miss(namespace, result):
                 count = len(node.devices) or 1
                 score = node.utilisation + result.utilisation_delta / count
                 found.append((-score if binpack else score, name, result))
@@ -568,7 +625,14 @@ class Cluster:
             key, name, fit = min(found, key=lambda item: (item[0], item[1]))
             return Decision(name, fit, -key if binpack else key, evaluated=evaluated)
         names = self.nodes.keys() if candidates is None else candidates
-        return Decision(None, failed=self.explain(request, names), evaluated=evaluated)
+        failed = self.explain(request, names, namespace=namespace)
+        return Decision(None, failed=failed, evaluated=evaluated)
+
+    def _quota_miss(self, namespace: str | None, fit: NodeFit) -> str | None:
+        """Why ``fit`` would take the namespace over its quota, or None."""
+        if namespace is None:
+            return None
+        return self.quotas.exceeded_by_hold(namespace, fit.usage, fit_types(fit))
 
     def _ordered(self, candidates: Collection[str] | None, binpack: bool) -> Iterator[str]:
         index = self._desc if binpack else self._asc
@@ -591,8 +655,11 @@ class Cluster:
             if name in wanted:
                 yield name
 
-    def explain(self, request: PodRequest, names: Iterable[str]) -> dict[str, str]:
-        """Every node's reason for not taking the pod ("" when it would fit)."""
+    def explain(
+        self, request: PodRequest, names: Iterable[str], *, namespace: str | None = None
+    ) -> dict[str, str]:
+        """Every node's reason for not taking the pod ("" when it would fit); with
+        ``namespace``, a node whose fit is over that namespace's quota says so."""
         device_policy = request.device_policy or self.device_policy
         reasons: dict[str, str] = {}
         for name in names:
@@ -601,7 +668,10 @@ class Cluster:
                 reasons[name] = handshake.NODE_UNREGISTERED
                 continue
             result = fit_pod(node.views, request, device_policy, explain=True)
-            reasons[name] = result.reason if isinstance(result, NodeMiss) else ""
+            if isinstance(result, NodeMiss):
+                reasons[name] = result.reason
+            else:
+                reasons[name] = self._quota_miss(namespace, result) or ""
         return reasons
 
     # ------------------------------------------------------------------ views
@@ -624,6 +694,25 @@ class Cluster:
             for name, node in sorted(self.nodes.items())
             if node.usage
         }
+
+
+def fit_types(fit: NodeFit) -> dict[str, str]:
+    """uuid -> device type of the devices a fit assigns."""
+    return {
+        device.uuid: word
+        for word, per_container in fit.assignment.items()
+        for devices in per_container
+        for device in devices
+    }
+
+
+def _device_state(device: NodeDevice) -> DeviceState:
+    """A registered device; one whose id no pod value can name (empty, or with a separator:
+    Go HAMi accepts both) is kept for the record but never chosen."""
+    state = DeviceState.from_node_device(device)
+    if not device.uuid or any(ch in device.uuid for ch in ",:;"):
+        state.healthy = False
+    return state
 
 
 def _never_heartbeats(state: TypeState) -> bool:
