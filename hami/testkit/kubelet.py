@@ -546,8 +546,8 @@ class KubeletEmulator:
                 plugin = self.plugins[resource]
                 if task.done() or _identity(self.plugin_dir / plugin.endpoint) == plugin.socket:
                     continue
-                # no await until the plugin is marked gone: a registration arriving
-                # meanwhile would find its new task and channel taken down here
+                # no await before the task and channel are taken down: a registration
+                # arriving in between would have its new ones taken down instead
                 del self._plugin_tasks[resource]
                 task.cancel()
                 if (channel := self._channels.pop(resource, None)) is not None:
