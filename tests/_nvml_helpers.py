@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -32,6 +32,9 @@ class FakeGpu:
     bus_id: str
     numa_node: int | None = None
     lost: str | None = None  # "handle": lost before its uuid is read; "after_uuid": after
+    # NVLinks by link number: (far end's PCI address, NVML remote device type), None for a
+    # disabled link; links past the list do not exist (NVML: invalid argument)
+    nvlinks: list[tuple[str, int] | None] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,10 @@ class FakeNvml:
         self.registered: list[str] = []
         self.freed = 0
         self.count_error: int | None = None
+        # topology: level by GPU index pair (default: NODE on one NUMA node, else SYSTEM)
+        self.ancestors: dict[frozenset[int], int] = {}
+        self.topology_error: int | None = None
+        self.topology_calls = 0
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("NVMLError_"):  # every error class pynvml has
@@ -134,6 +141,38 @@ class FakeNvml:
             return self.events.get(timeout=timeout_ms / 1000)
         except queue.Empty:
             raise nvml_error(pynvml.NVML_ERROR_TIMEOUT) from None
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, one: Handle, other: Handle) -> int:
+        self._call()
+        self.topology_calls += 1
+        if self.topology_error is not None:
+            raise nvml_error(self.topology_error)
+        level = self.ancestors.get(frozenset((one.index, other.index)))
+        if level is not None:
+            return level
+        same = self.gpus[one.index].numa_node == self.gpus[other.index].numa_node
+        return pynvml.NVML_TOPOLOGY_NODE if same else pynvml.NVML_TOPOLOGY_SYSTEM
+
+    def _link(self, handle: Handle, link: int) -> tuple[str, int] | None:
+        links = self._gpu(handle, "after_uuid").nvlinks
+        if link >= len(links):
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return links[link]
+
+    def nvmlDeviceGetNvLinkState(self, handle: Handle, link: int) -> int:
+        self._call()
+        found = self._link(handle, link)
+        return pynvml.NVML_FEATURE_ENABLED if found else pynvml.NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: Handle, link: int) -> SimpleNamespace:
+        found = self._link(handle, link)
+        assert found is not None, "NVML is not asked about a disabled link"
+        return SimpleNamespace(busId=found[0])
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: Handle, link: int) -> int:
+        found = self._link(handle, link)
+        assert found is not None, "NVML is not asked about a disabled link"
+        return found[1]
 
     def push_xid(self, xid: int, index: int | None, event_type: int = XID) -> None:
         device = Handle(index) if index is not None else None  # None: a null handle

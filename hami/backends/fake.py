@@ -32,7 +32,12 @@ from hami.backends.base import (
     ResourceNames,
 )
 from hami.backends.hamicore import HamiCorePaths, hamicore_allocation
-from hami.backends.nvidia_names import NVIDIA_ALLOCATED, NVIDIA_RESOURCES, NVIDIA_TO_ALLOCATE
+from hami.backends.nvidia_names import (
+    NVIDIA_ALLOCATED,
+    NVIDIA_PRIORITY,
+    NVIDIA_RESOURCES,
+    NVIDIA_TO_ALLOCATE,
+)
 
 _GROUP_KEYS = {"count", "model", "memory", "numa", "healthy"}
 
@@ -43,6 +48,7 @@ class FakeBackend(Backend):
     default_resources = NVIDIA_RESOURCES
     allocated_key = NVIDIA_ALLOCATED
     to_allocate_key = NVIDIA_TO_ALLOCATE
+    priority_resource: str | None = NVIDIA_PRIORITY
 
     def __init__(self, settings: BackendSettings | None = None) -> None:
         super().__init__(settings)
@@ -52,6 +58,7 @@ class FakeBackend(Backend):
         if self.type_word != "nvidia":
             self.allocated_key = f"hami.io/{self.type_word}-devices-allocated"
             self.to_allocate_key = f"hami.io/{self.type_word}-devices-to-allocate"
+            self.priority_resource = None  # only the NVIDIA look-alike has HAMi-core's
             if self.settings.resources is None:
                 self.resources = ResourceNames(count=f"hami.io/{self.type_word}")
         node = os.environ.get("NODE_NAME") or socket.gethostname()
@@ -109,7 +116,7 @@ class FakeBackend(Backend):
         self._health[uuid] = healthy
 
     def allocate(self, request: AllocationRequest) -> ContainerAllocation:
-        return hamicore_allocation(request, self.paths)
+        return hamicore_allocation(request, self.paths, priority_resource=self.priority_resource)
 
 
 def _int(value: Any, where: str, *, minimum: int) -> int:

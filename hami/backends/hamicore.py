@@ -12,7 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import structlog
+
 from hami.backends.base import AllocationRequest, BackendError, ContainerAllocation, Mount
+from hami.core.requests import parse_quantity
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +44,15 @@ class HamiCorePaths:
         return cls(**{key: str(value) for key, value in given.items()})
 
 
+TASK_PRIORITY_ENV = "CUDA_TASK_PRIORITY"
+
+
 def hamicore_allocation(
-    request: AllocationRequest, paths: HamiCorePaths, *, cache_token: str | None = None
+    request: AllocationRequest,
+    paths: HamiCorePaths,
+    *,
+    cache_token: str | None = None,
+    priority_resource: str | None = None,
 ) -> ContainerAllocation:
     devices = list(request.devices)
     if not devices:
@@ -56,6 +68,9 @@ def hamicore_allocation(
     }
     for i, device in enumerate(devices):
         envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{device.memory}m"
+    priority = task_priority(request, priority_resource)
+    if priority is not None:
+        envs[TASK_PRIORITY_ENV] = priority
     host_dir = os.path.join(paths.containers_dir, f"{request.pod_uid}_{request.container_name}")
     mounts = [
         Mount(paths.library, paths.library, read_only=True),
@@ -65,3 +80,24 @@ def hamicore_allocation(
     if request.container_env.get("CUDA_DISABLE_CONTROL", "").lower() != "true":
         mounts.append(Mount(paths.preload, "/etc/ld.so.preload", read_only=True))
     return ContainerAllocation(envs=envs, mounts=mounts, host_dirs=[host_dir])
+
+
+def task_priority(request: AllocationRequest, resource: str | None) -> str | None:
+    """The container's ``{resource}`` limit as HAMi-core's ``CUDA_TASK_PRIORITY`` (0 high,
+    1 low), or None when it sets none. The scheduler admits only whole numbers >= 0; a
+    value that reached us unchecked (a pod bound by another scheduler) is left out rather
+    than failing the container's start."""
+    if not resource or resource not in request.container_limits:
+        return None
+    try:
+        value = parse_quantity(request.container_limits[resource])
+    except ValueError as exc:
+        log.warning(
+            "hamicore.priority_ignored",
+            pod=f"{request.pod_namespace}/{request.pod_name}",
+            container=request.container_name,
+            resource=resource,
+            error=str(exc),
+        )
+        return None
+    return str(max(value, 0))

@@ -19,6 +19,13 @@ Options (``BackendSettings.options``):
     health_checks: true         # false: no health watching at all
     event_timeout_ms: 1000      # NVML event wait; bounds how long a stop takes
     hamicore: {...}             # HAMi-core paths, see hami.backends.hamicore
+    topology_score: true        # write hami.io/node-nvidia-score (link scores between
+                                # GPUs from NVML: NVLink, PCIe path) for topology-aware
+
+Topology: when the set of GPUs changes, the link score of every pair is read from NVML
+(the common PCIe ancestor, NVLinks direct or through NVSwitch) as Go HAMi's plugin scores
+it, and written with the register value as ``hami.io/node-nvidia-score`` in Go HAMi's
+JSON form, so either scheduler can place ``topology-aware`` pods by it.
 """
 
 from __future__ import annotations
@@ -44,11 +51,24 @@ from hami.backends.base import (
     HealthCallback,
 )
 from hami.backends.hamicore import HamiCorePaths, hamicore_allocation
-from hami.backends.nvidia_names import NVIDIA_ALLOCATED, NVIDIA_RESOURCES, NVIDIA_TO_ALLOCATE
+from hami.backends.nvidia_names import (
+    NVIDIA_ALLOCATED,
+    NVIDIA_PRIORITY,
+    NVIDIA_RESOURCES,
+    NVIDIA_TO_ALLOCATE,
+)
+from hami.core.topology import encode_pair_scores, score_key
 
 log = structlog.get_logger(__name__)
 
-_OPTIONS = {"sysfs_root", "ignored_xids", "health_checks", "event_timeout_ms", "hamicore"}
+_OPTIONS = {
+    "sysfs_root",
+    "ignored_xids",
+    "health_checks",
+    "event_timeout_ms",
+    "hamicore",
+    "topology_score",
+}
 
 
 class NvidiaBackend(Backend):
@@ -57,6 +77,7 @@ class NvidiaBackend(Backend):
     default_resources = NVIDIA_RESOURCES
     allocated_key = NVIDIA_ALLOCATED
     to_allocate_key = NVIDIA_TO_ALLOCATE
+    priority_resource = NVIDIA_PRIORITY
 
     def __init__(self, settings: BackendSettings | None = None, *, nvml: Any = None) -> None:
         """``nvml``: an object with pynvml's functions and error classes (tests pass a fake)."""
@@ -79,6 +100,13 @@ class NvidiaBackend(Backend):
                 f"nvidia: option 'event_timeout_ms' must be an integer >= 1, got {timeout!r}"
             )
         self.event_timeout_ms = timeout
+        self.topology_score = options.get("topology_score", True)
+        if not isinstance(self.topology_score, bool):
+            raise BackendError("nvidia: option 'topology_score' must be true or false")
+        # hami.io/node-nvidia-score for the GPUs it was computed for (topology is fixed:
+        # computed again only when the set of GPUs changes)
+        self._scored: tuple[str, ...] | None = None
+        self._score_value: str | None = None
         self._nvml = nvml
         self._init_lock = threading.Lock()
         self._started = False
@@ -140,7 +168,39 @@ class NvidiaBackend(Backend):
             log.error("nvidia.device_count_failed", error=str(exc))
             raise BackendError(f"NVML could not count the GPUs on this node: {exc}") from exc
         devices = [d for d in (self._read(nvml, index) for index in range(count)) if d]
-        return sorted(devices, key=lambda d: d.index)
+        devices.sort(key=lambda d: d.index)
+        if self.topology_score:
+            self._score_topology(nvml, devices)
+        return devices
+
+    def _score_topology(self, nvml: Any, devices: Sequence[Device]) -> None:
+        uuids = tuple(d.uuid for d in devices)
+        if uuids == self._scored:
+            return
+        self._scored, self._score_value = uuids, None
+        handles: list[tuple[str, Any]] = []
+        for device in devices:
+            try:
+                handles.append((device.uuid, nvml.nvmlDeviceGetHandleByIndex(device.index)))
+            except nvml.NVMLError:
+                continue  # a lost GPU has no links to score; the others still do
+        try:
+            scores = _nvml.gpu_pair_scores(nvml, handles)
+        except nvml.NVMLError as exc:
+            log.warning(
+                "nvidia.topology_unreadable",
+                error=str(exc),
+                hint="no hami.io/node-nvidia-score: topology-aware pods are placed here "
+                "without link scores",
+            )
+            return
+        self._score_value = encode_pair_scores([uuid for uuid, _ in handles], scores)
+
+    def node_annotations(self, devices: Sequence[Device]) -> dict[str, str]:
+        """``hami.io/node-nvidia-score`` (Go HAMi's format) for the enumerated GPUs."""
+        if self._score_value is None or self._scored != tuple(d.uuid for d in devices):
+            return {}
+        return {score_key(self.type_word): self._score_value}
 
     def _read(self, nvml: Any, index: int) -> Device | None:
         uuid: str | None = None
@@ -179,7 +239,7 @@ class NvidiaBackend(Backend):
     # Allocation
 
     def allocate(self, request: AllocationRequest) -> ContainerAllocation:
-        return hamicore_allocation(request, self.paths)
+        return hamicore_allocation(request, self.paths, priority_resource=self.priority_resource)
 
     # Health
 

@@ -10,3 +10,4 @@ NVIDIA_RESOURCES = ResourceNames(
 )
 NVIDIA_ALLOCATED = "hami.io/vgpu-devices-allocated"
 NVIDIA_TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
+NVIDIA_PRIORITY = "nvidia.com/priority"  # container limit: CUDA_TASK_PRIORITY, 0 high, 1 low

@@ -340,7 +340,9 @@ class LocalCluster:
         """kube-scheduler with hami as its extender, as config/kube-scheduler.yaml has it
         (plus a short pod back-off, so retried pods come back in about a second)."""
         assert self.role is not None
-        resources = [name for kind in self.role.scheduler.kinds for name in kind.resources.all()]
+        resources = [
+            name for kind in self.role.scheduler.kinds for name in kind.managed_resources()
+        ]
         return {
             "podInitialBackoffSeconds": self.timing.pod_initial_backoff,
             "podMaxBackoffSeconds": self.timing.pod_max_backoff,
