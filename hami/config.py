@@ -18,6 +18,7 @@ from typing import Any, Union, get_origin, get_type_hints
 import yaml
 
 from hami.backends.base import BackendSettings, ResourceNames
+from hami.core.requests import DEVICE_POLICY_WORDS
 
 
 class ConfigError(ValueError):
@@ -93,7 +94,7 @@ class SchedulerConfig:
     allocation_timeout: Duration = Duration(60)  # a bound pod not allocated by then is failed
     decision_timeout: Duration = Duration(90)  # an unbound decision stops counting after it
     node_policy: str = "binpack"  # binpack or spread
-    device_policy: str = "spread"  # spread or binpack
+    device_policy: str = "spread"  # comma list: binpack, spread, numa, mutex, topology-aware
     # Enforce ResourceQuota limits.<device memory/cores resource> (hami.core.quota), as Go
     # HAMi does; needs get/list/watch on resourcequotas.
     resource_quotas: bool = True
@@ -160,7 +161,6 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "log.level": LOG_LEVELS,
     "log.format": ("auto", "json", "console"),
     "scheduler.node_policy": ("binpack", "spread"),
-    "scheduler.device_policy": ("binpack", "spread"),
 }
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -225,6 +225,17 @@ def _apply_env(config: Config, env: Mapping[str, str]) -> Config:
     return config
 
 
+def _check_device_policy(value: str) -> None:
+    """A comma list of Go HAMi's device policy words (``binpack,numa``), as a pod's
+    ``hami.io/gpu-scheduler-policy`` (docs/scheduler.md)."""
+    words = [word.strip() for word in value.split(",")]
+    if not all(word in DEVICE_POLICY_WORDS for word in words):
+        raise ConfigError(
+            "config key scheduler.device_policy: expected a comma list of "
+            f"{', '.join(DEVICE_POLICY_WORDS)} (e.g. spread or binpack,numa), got {value!r}"
+        )
+
+
 def _check(config: Config) -> None:
     for key, choices in _CHOICES.items():
         section, name = key.split(".")
@@ -233,6 +244,7 @@ def _check(config: Config) -> None:
             raise ConfigError(
                 f"config key {key}: expected one of {', '.join(choices)}, got {value!r}"
             )
+    _check_device_policy(config.scheduler.device_policy)
     for key, duration in (
         ("node.register_period", config.node.register_period),
         ("scheduler.handshake_period", config.scheduler.handshake_period),

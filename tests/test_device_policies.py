@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from _core_helpers import MLU, NVIDIA, gpu, pod
 
+from hami import config
 from hami.core import fit as F
 from hami.core import topology
 from hami.core.fit import NodeFit, NodeMiss, TypeView, fit_pod
@@ -263,3 +264,11 @@ def test_an_unreadable_score_value_is_no_scores(bad: str) -> None:
     with pytest.raises(ValueError):
         topology.parse_pair_scores(bad)
     assert topology.read_pair_scores(bad)[0] == {}
+
+
+def test_the_scheduler_default_may_be_a_comma_list() -> None:
+
+    raw = {"scheduler": {"device_policy": "binpack,numa"}}
+    assert config.from_mapping(raw, env={}).scheduler.device_policy == "binpack,numa"
+    with pytest.raises(config.ConfigError, match=r"scheduler\.device_policy.*'binpack,best'"):
+        config.from_mapping({"scheduler": {"device_policy": "binpack,best"}}, env={})
