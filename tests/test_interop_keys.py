@@ -180,3 +180,28 @@ def test_go_hamis_key_means_nothing_for_other_types() -> None:
     )
     assert not c.nodes["n1"].types["mlu"].available
     assert keys.handshake_keys("mlu") == ("hami.io/node-handshake-mlu",)
+
+
+class _OwnKeys(FakeBackend):
+    """A plugin backend that names its heartbeat keys itself."""
+
+    @property
+    def handshake_keys(self) -> tuple[str, ...]:
+        return ("example.com/heartbeat", "hami.io/node-handshake-xpu")
+
+
+def test_the_backend_supplies_its_heartbeat_keys_to_both_roles() -> None:
+    backend = _OwnKeys(BackendSettings(options={"type": "xpu", "devices": DEVICES}))
+    kind = DeviceKind.from_backend(backend)
+    assert kind.heartbeat_keys() == ("example.com/heartbeat", "hami.io/node-handshake-xpu")
+    assert DeviceKind.from_backend(fake()).heartbeat_keys() == (OWN, GO_KEY)
+    written = backend.registration(backend.to_node_devices(backend._devices), NOW)
+    assert written["example.com/heartbeat"].startswith("Reported_")
+    c = Cluster([kind])
+    value = written["hami.io/node-xpu-register"]
+    c.upsert_node(node({"hami.io/node-xpu-register": value, "example.com/heartbeat": "x"}), NOW)
+    assert c.nodes["n1"].types["xpu"].available
+    writes, _ = c.refresh(NOW)
+    assert [dict(w.annotations) for w in writes] == [
+        {"example.com/heartbeat": "Requesting_2024-05-20 10:00:00"}
+    ]

@@ -203,7 +203,7 @@ class Cluster:
         devices_changed = False
         for word, kind in self.kinds.items():
             register = annotations.get(keys.node_register(word))
-            shakes = {k: annotations[k] for k in keys.handshake_keys(word) if k in annotations}
+            shakes = {k: annotations[k] for k in kind.heartbeat_keys() if k in annotations}
             state = node.types.get(word)
             if state is None:
                 if register is None and not shakes:
@@ -319,7 +319,7 @@ class Cluster:
         writes: dict[str, str] = {}
         changes: list[AvailabilityChange] = []
         for word, state in node.types.items():
-            available, reason, stamps = self._decide_keys(word, state, now)
+            available, reason, stamps = self._decide_keys(state, now)
             if reason == handshake.HANDSHAKE_TIMED_OUT and _never_heartbeats(state):
                 available, reason = True, None
             if state.kubelet_reason is not None:
@@ -344,13 +344,13 @@ class Cluster:
         return writes, changes
 
     def _decide_keys(
-        self, word: str, state: TypeState, now: datetime
+        self, state: TypeState, now: datetime
     ) -> tuple[bool, str | None, dict[str, str]]:
         """protocol.md §2 over each heartbeat key of a type: available when any key says so
         (this project's key's reason first when none does); ``Requesting_`` goes to the keys
         found, or to every key of the type when none is there yet."""
         has_register = state.register_value is not None
-        found = state.handshakes or dict.fromkeys(keys.handshake_keys(word))
+        found = state.handshakes or dict.fromkeys(state.kind.heartbeat_keys())
         decisions = [
             (
                 key,

@@ -56,6 +56,12 @@ class DeviceKind:
     # A container limit HAMi-core reads as the task priority (``nvidia.com/priority``): a
     # managed resource kube-scheduler must ignore, never a device count.
     priority_resource: str | None = None
+    # Node keys of the type's heartbeat, the backend's own first (protocol.md §1, §2);
+    # empty: the protocol's keys for the type word (NVIDIA: also hami.io/node-handshake).
+    handshake_keys: tuple[str, ...] = ()
+
+    def heartbeat_keys(self) -> tuple[str, ...]:
+        return self.handshake_keys or keys.handshake_keys(self.type_word)
 
     def managed_resources(self) -> list[str]:
         """Every resource name hami handles for this kind (kube-scheduler ignores them)."""
@@ -95,6 +101,7 @@ class DeviceKind:
             to_allocate_key=backend.to_allocate_key,
             default_cores=int(getattr(backend, "default_cores", 0)),
             priority_resource=getattr(backend, "priority_resource", None),
+            handshake_keys=tuple(getattr(backend, "handshake_keys", ())),
         )
 
 
