@@ -20,15 +20,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import os
 import re
 import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +36,7 @@ from hami.backends.fake import FakeBackend
 from hami.kube.client import open_client
 from hami.kube.objects import annotations_of
 from hami.kube.raw import KubeError
-from hami.node import registration
-from hami.node.state import DeviceState
-from hami.protocol import NodeDevice, decode_node_devices
+from hami.protocol import register
 from hami.testkit.cluster import SCHEDULER_NAME, LocalCluster, NodeSpec, SimNode, Timing, poll
 from hami.testkit.controlplane import ControlPlane, ManagedProcess, free_port
 
@@ -122,47 +118,6 @@ def go_version(binary: Path) -> str:
     return " ".join((done.stdout + done.stderr).split())
 
 
-# --------------------------------------------------------------------------- register form
-
-
-def native_json_register() -> bool:
-    """Whether this project's config has the ``register_format`` backend setting yet."""
-    return "register_format" in {f.name for f in dataclasses.fields(config.BackendConfig)}
-
-
-def go_register_json(devices: Sequence[NodeDevice]) -> str:
-    """The register value as Go HAMi's ``MarshalNodeDevices`` writes it (``omitempty``):
-    used only while this project cannot write it itself (the issue's first run did this)."""
-    items = []
-    for position, d in enumerate(devices):
-        fields: dict[str, Any] = {
-            "id": d.uuid,
-            "index": d.index or position,
-            "count": d.count,
-            "devmem": d.memory,
-            "devcore": d.cores,
-            "type": d.model,
-            "numa": d.numa,
-            "mode": d.mode,
-            "health": d.healthy,
-        }
-        items.append({k: v for k, v in fields.items() if v})
-    return json.dumps(items, separators=(",", ":"))
-
-
-def _json_registration(
-    original: Callable[[DeviceState, datetime], dict[str, str]],
-) -> Callable[[DeviceState, datetime], dict[str, str]]:
-    def annotations(state: DeviceState, now: datetime) -> dict[str, str]:
-        out = dict(original(state, now))
-        key = state.backend.register_key
-        if not out[key].lstrip().startswith("["):
-            out[key] = go_register_json(decode_node_devices(out[key]))
-        return out
-
-    return annotations
-
-
 # --------------------------------------------------------------------------- cluster
 
 
@@ -180,7 +135,6 @@ class GoHamiCluster(LocalCluster):
         device_policy: str = "spread",
         verbosity: int = 4,
     ) -> None:
-        self.native_json = native_json_register()
         super().__init__(nodes, plane=plane, timing=timing)
         self.binary = binary
         self.go_port = free_port()
@@ -196,17 +150,13 @@ class GoHamiCluster(LocalCluster):
             f"--v={verbosity}",
         ]
         self.go: ManagedProcess | None = None
-        self._restore: Callable[[], None] | None = None
-        if self.native_json:
-            for node in self.nodes.values():
-                node.backend = FakeBackend(_with_format(node.backend.settings, "json"))
+        for node in self.nodes.values():
+            node.backend = FakeBackend(_with_format(node.backend.settings, register.JSON))
 
     def _config(self, node_policy: str, device_policy: str) -> config.Config:
         cfg = super()._config(node_policy, device_policy)
-        if not native_json_register():
-            return cfg
         backends = dict(cfg.backends)
-        backends["fake"] = dataclasses.replace(backends["fake"], **{"register_format": "json"})
+        backends["fake"] = dataclasses.replace(backends["fake"], register_format=register.JSON)
         return dataclasses.replace(cfg, backends=backends)
 
     def kube_scheduler_config(self) -> dict[str, Any]:
@@ -235,10 +185,6 @@ class GoHamiCluster(LocalCluster):
         self._kube_cm = open_client(self.kubeconfig)
         self._kube = await self._kube_cm.__aenter__()
         await self._ensure_namespace()
-        if not self.native_json:
-            original = registration.registration_annotations
-            registration.registration_annotations = _json_registration(original)
-            self._restore = lambda: setattr(registration, "registration_annotations", original)
         await asyncio.to_thread(self._start_go)
         self.kube_scheduler = await asyncio.to_thread(
             self.plane.start_scheduler, self.kube_scheduler_config(), f"kube-scheduler-{self.id}"
@@ -255,9 +201,6 @@ class GoHamiCluster(LocalCluster):
             if self.go is not None:
                 go, self.go = self.go, None
                 await asyncio.to_thread(go.stop)
-            if self._restore is not None:
-                self._restore()
-                self._restore = None
 
     def _start_go(self) -> None:
         assert self.plane is not None
@@ -333,7 +276,7 @@ class GoHamiCluster(LocalCluster):
 
     # ------------------------------------------------------------------ extra nodes
 
-    async def add_node(self, spec: NodeSpec, *, register_format: str = "json") -> SimNode:
+    async def add_node(self, spec: NodeSpec, *, register_format: str = register.JSON) -> SimNode:
         """Start one more simulated node (kubelet emulator + agent) with this register form."""
         node = SimNode(self, spec, len(self.nodes))
         node.backend = FakeBackend(_with_format(node.backend.settings, register_format))
@@ -358,6 +301,4 @@ class GoHamiCluster(LocalCluster):
 
 
 def _with_format(settings: BackendSettings, register_format: str) -> BackendSettings:
-    if not native_json_register():
-        return settings
-    return dataclasses.replace(settings, **{"register_format": register_format})
+    return dataclasses.replace(settings, register_format=register_format)

@@ -12,8 +12,9 @@ For each pod shape: Go HAMi binds it; its decision (``hami.io/vgpu-devices-alloc
 wrote it) names, in order, the devices of the containers that ask for a GPU; kubelet's
 Allocate answer for each such container carries exactly those devices
 (``NVIDIA_VISIBLE_DEVICES``), the memory per device (``CUDA_DEVICE_MEMORY_LIMIT_i``) and the
-core limit (``CUDA_DEVICE_SM_LIMIT``) the pod asked for; containers without a GPU get no
-Allocate call; the pod ends Running with ``hami.io/bind-phase: success``.
+core limit (``CUDA_DEVICE_SM_LIMIT``) the pod asked for, and that container's own HAMi-core
+host directory and preload (none where it sets ``CUDA_DISABLE_CONTROL=true``); containers
+without a GPU get no Allocate call; the pod ends Running with ``hami.io/bind-phase: success``.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ NODES = (
 MEMORY = {T4: 15360, A100: 40960}
 TIMING = Timing(register_period=2.0)
 VGPU_DIR = "/usr/local/vgpu"  # where HAMi-core's host directory is mounted (protocol.md §6)
+PRELOAD = "/etc/ld.so.preload"  # absent for a container with CUDA_DISABLE_CONTROL=true
 
 
 @dataclass(frozen=True)
@@ -83,13 +85,19 @@ class Shape:
     name: str
     containers: Sequence[Want | None]
     init: Sequence[Want | None] = field(default_factory=tuple)
+    #: a container that sets CUDA_DISABLE_CONTROL=true (HAMi-core not preloaded into it)
+    no_control: str | None = None
 
     def pod(self) -> dict[str, Any]:
-        return gpu_pod(
+        pod = gpu_pod(
             self.name,
             [w.limits() if w else {} for w in self.containers],
             init=[w.limits() if w else {} for w in self.init],
         )
+        for container in pod["spec"]["containers"]:
+            if container["name"] == self.no_control:
+                container["env"] = [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]
+        return pod
 
     def named(self) -> list[tuple[str, bool, Want | None]]:
         """(container, is init, want) in the order of the pod's device entries."""
@@ -103,6 +111,7 @@ SHAPES = (
     Shape("count-only", [Want()]),
     Shape("second-container-no-gpu", [None, Want(mem=1500)]),
     Shape("middle-container-no-gpu", [Want(mem=1000), None, Want(mem=2000)]),
+    Shape("no-control-after-no-gpu", [None, Want(mem=1000), Want(mem=1000)], no_control="c1"),
     Shape("init-container", [Want(mem=2000)], init=[Want(mem=1000)]),
     Shape("percentage", [Want(pct=50)]),
     Shape("cores", [Want(mem=2000, cores=30)]),
@@ -181,6 +190,8 @@ async def test_go_hami_places_and_agent_allocates(cluster: GoHamiCluster, shape:
         # HAMi-core's per-container host directory is this container's, not another's
         dirs = [m.host_path for m in calls[0].response.mounts if m.container_path == VGPU_DIR]
         assert [Path(d).name for d in dirs] == [f"{pod['metadata']['uid']}_{cname}"], (cname, dirs)
+        preload = [m for m in calls[0].response.mounts if m.container_path == PRELOAD]
+        assert len(preload) == (0 if cname == shape.no_control else 1), (cname, preload)
     for cname, _, want in shape.named():
         if want is None:
             assert admission.for_container(cname) == [], cname
@@ -196,8 +207,6 @@ def go_decision(ann: Mapping[str, str]) -> list[list[ContainerDevice]]:
 async def test_seed_form_node_is_invisible_to_go(cluster: GoHamiCluster) -> None:
     """The default 7-field form is refused whole by Go HAMi >= 2.8 (its reader is JSON only):
     the node is never offered to pods. Why a mixed cluster needs ``register_format: json``."""
-    if not cluster.native_json:
-        pytest.skip("this project cannot write the JSON form yet (no register_format setting)")
     node = await cluster.add_node(NodeSpec("go-seed", NODES[0].devices), register_format="seed")
     try:
         value = await cluster.register_value(node.name)
