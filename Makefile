@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: help install controlplane lint test check demo proto bench gpu-check clean
+.PHONY: help install controlplane lint test check demo proto bench gpu-check interop clean
 
 help:
 	@echo "install       create $(VENV) and install hami with its dev tools"
@@ -14,6 +14,7 @@ help:
 	@echo "proto         regenerate the device plugin gRPC code from hami/_proto"
 	@echo "bench         run the benchmarks in bench/"
 	@echo "gpu-check     prove the NVIDIA backend on this machine's GPU (one line, exit 0 without one)"
+	@echo "interop       Go HAMi's scheduler with this project's node agents (needs HAMI_SRC; docs/interop.md)"
 
 $(BIN)/hami: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +44,11 @@ demo: install controlplane
 
 gpu-check:
 	@bash scripts/gpu-check.sh
+
+interop: install controlplane
+	@test -n "$$HAMI_SRC" || { echo "interop: set HAMI_SRC to a Go HAMi source tree (docs/interop.md)"; exit 2; }
+	bash scripts/build-hami-go.sh >/dev/null
+	$(BIN)/pytest -q -rA tests/test_interop_go.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
