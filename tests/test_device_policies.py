@@ -22,6 +22,7 @@ from hami.core.requests import (
     parse_weights,
 )
 from hami.core.usage import DeviceState, Use
+from hami.scheduler.webhook import review
 
 POLICY = "hami.io/gpu-scheduler-policy"
 WEIGHTS = "hami.io/device-scoring-weights"
@@ -272,3 +273,24 @@ def test_the_scheduler_default_may_be_a_comma_list() -> None:
     assert config.from_mapping(raw, env={}).scheduler.device_policy == "binpack,numa"
     with pytest.raises(config.ConfigError, match=r"scheduler\.device_policy.*'binpack,best'"):
         config.from_mapping({"scheduler": {"device_policy": "binpack,best"}}, env={})
+
+
+def test_the_webhook_admits_unknown_policies_with_a_warning() -> None:
+    pod = {
+        "metadata": {
+            "name": "p",
+            "namespace": "ns",
+            "annotations": {POLICY: "binpack,fastest", WEIGHTS: "slot=1"},
+        },
+        "spec": {
+            "schedulerName": "hami-scheduler",
+            "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+        },
+    }
+    body = {"request": {"uid": "u", "kind": {"kind": "Pod"}, "object": pod}}
+    response = review(body, [NVIDIA], "hami-scheduler")["response"]
+    assert response["allowed"] is True
+    warnings = response["warnings"]
+    assert len(warnings) == 2
+    assert all(w.startswith("pod ns/p: annotation hami.io/") for w in warnings)
+    assert "'fastest'" in warnings[0] and WEIGHTS in warnings[1]

@@ -178,13 +178,21 @@ def _answer(
     except PodDenied as exc:
         _deny(response, 403, "Forbidden", str(exc))
         return
+    warnings: list[str] = []
     forged = forged_keys(pod, kinds)
     if forged:
-        response["warnings"] = [
+        warnings.append(
             f"hami removed {', '.join(forged)} from pod {_pod_ref(pod)}: only hami's "
             "scheduler and node agent write these annotations"
-        ]
+        )
         _log.warning("forged decision annotations removed", pod=_pod_ref(pod), keys=forged)
+    managed = any(asks_for(c, kinds) for c in pod_containers(pod)[0])
+    request = parse_pod(pod, kinds) if managed else None  # parsed fine in mutations()
+    if request is not None:
+        # A policy or weights value not understood: admitted, scheduled by the default.
+        warnings += [f"pod {_pod_ref(pod)}: {message}" for message in request.warnings]
+    if warnings:
+        response["warnings"] = warnings
     if ops:
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
