@@ -89,6 +89,14 @@ async def compute(cfg: config.Config, namespace: str, name: str) -> dict[str, An
         scheduler.cluster.refresh(scheduler.clock.now())
         for pod in await kube.list_pods():
             scheduler.on_pod("ADDED", pod)
+        if cfg.scheduler.resource_quotas:
+            try:
+                quotas, _ = await kube.list_all("/api/v1/resourcequotas")
+            except KubeError as exc:  # explain the nodes all the same
+                print(f"resource quotas not read: {exc}", file=sys.stderr)
+                quotas = []
+            for quota in quotas:
+                scheduler.on_quota("ADDED", quota)
         return await scheduler.explain(namespace, name)
 
 
@@ -107,3 +115,20 @@ def print_answer(answer: dict[str, Any]) -> None:
     print(f"{'NODE'.ljust(width)}  REASON")
     for node, reason in sorted(nodes.items()):
         print(f"{node.ljust(width)}  {reason}")
+    print_quota(answer)
+
+
+def print_quota(answer: dict[str, Any]) -> None:
+    """The namespace's device quota: used of limit, per resource."""
+    quota: dict[str, Any] = answer.get("quota") or {}
+    namespace = str(answer.get("pod") or "").partition("/")[0]
+    for resource, row in sorted(quota.items()):
+        unit = row.get("unit", "")
+        used = f"{row.get('used')}{unit} used"
+        if row.get("limit") is None:
+            print(f"quota {namespace} {resource}: {used}, no limit")
+        else:
+            print(
+                f"quota {namespace} {resource}: {used} of {row['limit']}{unit} "
+                f"(ResourceQuota {row.get('quota')})"
+            )

@@ -58,6 +58,29 @@ class _StateCollector:
         pods = GaugeMetricFamily("hami_pods_holding_devices", "Pods (and reservations) counted")
         pods.add_metric([], len(self.cluster.pods))
         yield pods
+        yield from self._quotas()
+
+    def _quotas(self) -> Iterator[Any]:
+        """Go HAMi's names and labels (dashboards carry over): ``quota_name`` is the
+        resource (nvidia.com/gpumem), ``limit`` the limit as written in the ResourceQuota
+        ("0" when none is set); used is in MiB or percent."""
+        used = GaugeMetricFamily(
+            "hami_resource_quota_used",
+            "Device memory (MiB) or cores (percent) held by a namespace's pods",
+            labels=["namespace", "quota_name", "limit"],
+        )
+        limit = GaugeMetricFamily(
+            "hami_resource_quota_limit",
+            "ResourceQuota limits.<resource> of a namespace, as written in the quota",
+            labels=["namespace", "quota_name"],
+        )
+        for row in self.cluster.quotas.rows():
+            name = row.resource.name
+            used.add_metric([row.namespace, name, str(row.limit or 0)], row.used)
+            if row.limit is not None:
+                limit.add_metric([row.namespace, name], row.limit)
+        yield used
+        yield limit
 
 
 class SchedulerMetrics:

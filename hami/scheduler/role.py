@@ -9,10 +9,11 @@ In-process use (tests, demos)::
         role.scheduler      # hami.scheduler.service.Scheduler (state, filter, bind)
         await role.wait_ready()
 
-Port 0 in the config picks a free port. The long-lived tasks (the Node and Pod reflectors,
-the handshake loop, TLS reloads) run under one ``asyncio.TaskGroup``: when one dies for an
-unexpected reason the others are cancelled, ``serve()`` raises ``RoleFailed`` and ``main``
-exits 1, so the Deployment restarts the process instead of it serving a frozen picture.
+Port 0 in the config picks a free port. The long-lived tasks (the Node, Pod and
+ResourceQuota reflectors, the handshake loop, TLS reloads) run under one
+``asyncio.TaskGroup``: when one dies for an unexpected reason the others are cancelled,
+``serve()`` raises ``RoleFailed`` and ``main`` exits 1, so the Deployment restarts the
+process instead of it serving a frozen picture.
 """
 
 from __future__ import annotations
@@ -134,6 +135,14 @@ class SchedulerRole:
             ("synced-nodes", lambda: _mark_synced(nodes, sched.nodes_synced)),
             ("synced-pods", lambda: _mark_synced(pods, sched.pods_synced)),
         ]
+        if settings.resource_quotas:
+            # Limits must be known before the first filter, or a restart would let a
+            # namespace over its quota: not_ready() waits for this reflector too.
+            quotas = Reflector(
+                self.kube, "/api/v1/resourcequotas", sched.on_quota, name="resourcequotas"
+            )
+            self.reflectors.append(quotas)
+            work.append(("reflector-resourcequotas", quotas.run))
         if self.handshake_loop:
             work.append(("handshake", sched.handshake_loop))
         await self._serve_all(work)
@@ -192,6 +201,8 @@ class SchedulerRole:
         """Why the role must not be trusted now (``/readyz`` 503, ``/filter`` refuses)."""
         if not self.scheduler.ready:
             return "node and pod state not synced yet"
+        if not all(reflector.synced.is_set() for reflector in self.reflectors):
+            return "resource quotas not synced yet"
         for reflector in self.reflectors:
             down = reflector.down_for()
             if down > self.stale_grace:
@@ -207,6 +218,8 @@ class SchedulerRole:
         async with asyncio.timeout(seconds):
             await self.scheduler.nodes_synced.wait()
             await self.scheduler.pods_synced.wait()
+            for reflector in self.reflectors:
+                await reflector.synced.wait()
 
     async def serve(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set. Raises RoleFailed when a long-lived task ends first."""

@@ -25,6 +25,7 @@ from typing import Any
 from hami import log
 from hami.config import SchedulerConfig
 from hami.core.cluster import Cluster, Decision, PodRecord
+from hami.core.quota import QuotaStatus
 from hami.core.requests import DeviceKind, PodRequest, RequestError, parse_pod
 from hami.kube import events
 from hami.kube.client import Kube
@@ -124,6 +125,7 @@ class Scheduler:
         self._pod_errors: dict[str, tuple[str, ...]] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._handshake_announced = False
+        self._warned: set[tuple[str, str]] = set()  # (pod uid, message) already reported
 
     @property
     def ready(self) -> bool:
@@ -177,6 +179,16 @@ class Scheduler:
                 self._pod_errors[key] = errors
             else:
                 self._pod_errors.pop(key, None)
+
+    def on_quota(self, kind: str, obj: Json) -> None:
+        """A ResourceQuota event: its ``limits.`` keys of device memory and cores."""
+        meta = metadata_of(obj)
+        namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        if kind == "DELETED":
+            self.cluster.quotas.delete(namespace, name)
+            return
+        for error in self.cluster.quotas.upsert(obj):
+            _log.error("resource quota value ignored", quota=f"{namespace}/{name}", error=error)
 
     def _log_changes(self, changes: Sequence[Any]) -> None:
         for change in changes:
@@ -339,6 +351,7 @@ class Scheduler:
             return _with_nodes(
                 args, {"NodeNames": names, "FailedNodes": {}, "Error": ""}, names
             ), "passthrough"
+        self._warn_once(pod, request.warnings)
         began = time.perf_counter()
         # kube-scheduler filters only unbound pods, so a record this pod already has is an
         # earlier decision that was never bound (a failed bind, or our restart in between):
@@ -393,6 +406,7 @@ class Scheduler:
         """The cluster's decision, trying nodes whose lock is held suspiciously long last:
         their holder may have lost its Allocate, and binds there would wait and fail."""
         now = self.clock.now()
+        namespace = key.partition("/")[0]
         busy = {
             name
             for name in names
@@ -401,10 +415,12 @@ class Scheduler:
             )
         }
         if busy:
-            decision = self.cluster.decide(request, [n for n in names if n not in busy])
+            decision = self.cluster.decide(
+                request, [n for n in names if n not in busy], namespace=namespace
+            )
             if decision.node is not None:
                 return decision
-        return self.cluster.decide(request, names)
+        return self.cluster.decide(request, names, namespace=namespace)
 
     def _decision_annotations(
         self, pod: Mapping[str, Any], node: str, assignment: Mapping[str, Any]
@@ -641,16 +657,33 @@ class Scheduler:
             return {"pod": key, "error": str(exc), "nodes": {}}
         if request is None:
             return {"pod": key, "error": "the pod asks for no device hami manages", "nodes": {}}
-        reasons = self.cluster.explain(request, sorted(self.cluster.nodes))
+        namespace = key.partition("/")[0]
+        reasons = self.cluster.explain(request, sorted(self.cluster.nodes), namespace=namespace)
         annotations = annotations_of(pod)
         return {
             "pod": key,
             "error": "",
             "assigned": annotations.get(keys.VGPU_NODE, ""),
             "nodes": {node: reason or "fits" for node, reason in reasons.items()},
+            "quota": quota_view(self.cluster.quotas.status(namespace)),
         }
 
     # ------------------------------------------------------------------ events
+
+    def _warn_once(self, pod: Mapping[str, Any], warnings: Sequence[str]) -> None:
+        """A policy or weights annotation that fell back to the default: one warning Event
+        per pod and message (kube-scheduler calls filter again on every retry)."""
+        if not warnings:
+            return
+        uid = str(metadata_of(pod).get("uid") or pod_key(pod))
+        for message in warnings:
+            if (uid, message) in self._warned:
+                continue
+            if len(self._warned) >= 4096:  # bounded: a forgotten pod costs no memory
+                self._warned.clear()
+            self._warned.add((uid, message))
+            _log.info("pod annotation not understood", pod=pod_key(pod), warning=message)
+            self._event(pod, "PolicyIgnored", message, "Warning")
 
     def _event(
         self, pod: Mapping[str, Any], reason: str, message: str, type_: str = "Normal"
@@ -679,6 +712,19 @@ class Scheduler:
         """Wait for pending Event writes (shutdown, tests)."""
         if self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
+
+
+def quota_view(rows: Sequence[QuotaStatus]) -> Json:
+    """Resource -> used/limit (in MiB or %) for explain; limit None: not limited."""
+    return {
+        row.resource.name: {
+            "used": row.used,
+            "limit": row.limit_scaled,
+            "unit": row.resource.unit,
+            "quota": row.quota,
+        }
+        for row in rows
+    }
 
 
 def _node_names(args: Mapping[str, Any]) -> list[str]:
