@@ -294,3 +294,12 @@ def test_the_webhook_admits_unknown_policies_with_a_warning() -> None:
     assert len(warnings) == 2
     assert all(w.startswith("pod ns/p: annotation hami.io/") for w in warnings)
     assert "'fastest'" in warnings[0] and WEIGHTS in warnings[1]
+
+
+def test_numa_bind_takes_exactly_the_count_from_a_larger_numa_node() -> None:
+    devices = [dev(0, numa=0), dev(1, numa=0), dev(2, numa=0), dev(3, numa=1)]
+    for policy in ("spread", "topology-aware"):
+        r = req(
+            gpu(count=2, mem=1000), annotations={POLICY: policy, "nvidia.com/numa-bind": "true"}
+        )
+        assert uuids(place(devices, r)) == ["GPU-0", "GPU-1"], policy

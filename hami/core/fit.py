@@ -229,7 +229,7 @@ def fit_container(
             return None
         if policy.topology and request.count > 1:
             return _best_connected(groups, request.count, pair_scores or {})
-        return groups[0]
+        return groups[0][: request.count]
     if policy.topology and len(ranked) > request.count:
         return _best_connected([ranked], request.count, pair_scores or {})
     return ranked[: request.count]
@@ -239,16 +239,16 @@ Pick = tuple[DeviceState, int]  # a device and the MiB it gives
 
 
 def _numa_groups(ranked: Sequence[Pick], count: int) -> list[list[Pick]]:
-    """``numa-bind``: per NUMA node, its first ``count`` ranked devices, for the nodes that
-    have enough; the node of the best-ranked device that completes a set comes first."""
+    """``numa-bind``: the ranked devices of each NUMA node that has at least ``count``;
+    the node of the best-ranked device that completes a set comes first."""
     by_numa: dict[int, list[Pick]] = {}
-    complete: list[list[Pick]] = []
+    complete: list[int] = []
     for pick in ranked:
         group = by_numa.setdefault(pick[0].numa, [])
         group.append(pick)
         if len(group) == count:
-            complete.append(group)
-    return complete
+            complete.append(pick[0].numa)
+    return [by_numa[numa] for numa in complete]
 
 
 def _pair(scores: PairScores, a: str, b: str) -> int:
