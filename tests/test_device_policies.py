@@ -8,12 +8,15 @@ from typing import Any
 
 import pytest
 from _core_helpers import MLU, NVIDIA, gpu, pod
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hami import config
 from hami.core import fit as F
 from hami.core import topology
 from hami.core.fit import NodeFit, NodeMiss, TypeView, fit_pod
 from hami.core.requests import (
+    DEVICE_POLICY_WORDS,
     DevicePolicy,
     PodRequest,
     Weights,
@@ -303,3 +306,53 @@ def test_numa_bind_takes_exactly_the_count_from_a_larger_numa_node() -> None:
             gpu(count=2, mem=1000), annotations={POLICY: policy, "nvidia.com/numa-bind": "true"}
         )
         assert uuids(place(devices, r)) == ["GPU-0", "GPU-1"], policy
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    layout=st.lists(
+        st.tuples(st.integers(0, 2), st.integers(0, 3), st.integers(0, 9000)),
+        min_size=1,
+        max_size=9,
+    ),
+    words=st.lists(st.sampled_from(DEVICE_POLICY_WORDS), max_size=4),
+    count=st.integers(1, 4),
+    numa_bind=st.booleans(),
+    score_seed=st.integers(0, 1000),
+)
+def test_every_policy_gives_exactly_the_count_of_distinct_fitting_devices(
+    layout: list[tuple[int, int, int]],
+    words: list[str],
+    count: int,
+    numa_bind: bool,
+    score_seed: int,
+) -> None:
+    devices = [
+        dev(i, numa=numa, used=(used, memory, 0) if used else (0, 0, 0))
+        for i, (numa, used, memory) in enumerate(layout)
+    ]
+    uuids_ = [d.uuid for d in devices]
+    pairs = {
+        (a, b): (score_seed * (i + 1) * (j + 3)) % 997
+        for i, a in enumerate(uuids_)
+        for j, b in enumerate(uuids_)
+        if a != b
+    }
+    scores_: dict[str, dict[str, int]] = {}
+    for (a, b), value in pairs.items():
+        scores_.setdefault(a, {})[b] = value
+    annotations = {POLICY: ",".join(words) or "spread"}
+    if numa_bind:
+        annotations["nvidia.com/numa-bind"] = "true"
+    r = req(gpu(count=count, mem=500), annotations=annotations)
+    result = place(devices, r, scores=scores_)
+    if isinstance(result, NodeMiss):
+        return
+    chosen = result.assignment["nvidia"][0]
+    assert len(chosen) == count
+    assert len({d.uuid for d in chosen}) == count
+    by_uuid = {d.uuid: d for d in devices}
+    if "mutex" in words:
+        assert all(by_uuid[d.uuid].used == 0 for d in chosen)
+    if numa_bind:
+        assert len({by_uuid[d.uuid].numa for d in chosen}) == 1
