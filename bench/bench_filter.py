@@ -29,11 +29,12 @@ import gc
 import json
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from hami import config
+from hami import config, log
 from hami.backends.nvidia_names import NVIDIA_ALLOCATED, NVIDIA_RESOURCES, NVIDIA_TO_ALLOCATE
 from hami.core.cluster import Cluster
 from hami.core.requests import DeviceKind, parse_pod
@@ -272,6 +273,8 @@ def main() -> None:
     parser.add_argument("--policy", nargs="*", default=["binpack", "spread"])
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
+    # As in a cluster: the per-pod debug lines are off (printing them would be measured).
+    log.configure("warning", "console", stream=sys.stderr)
     for nodes in args.nodes:
         for policy in args.policy:
             result = asyncio.run(run(nodes, args.calls, policy, args.seed))
