@@ -609,11 +609,60 @@ async def test_step4_registration_refused(tmp_path: Path) -> None:
     assert "marked GPU-vm unhealthy while registering" in check.detail
 
 
-def test_step4_topology_is_skipped_until_the_annotation_exists() -> None:
-    check = gpucheck.step4_topology(parse_topo(MIXED_TOPO), "")
-    assert check.status == "SKIP"
-    assert "not implemented yet" in check.detail
-    assert "GPU0-GPU1 NODE" in check.detail
+def _scores(smi: list[Any], pairs: dict[tuple[int, int], int]) -> str:
+    by_index = {g.index: g.uuid for g in smi}
+    table: dict[str, dict[str, int]] = {g.uuid: {} for g in smi}
+    for (i, j), score in pairs.items():
+        table[by_index[i]][by_index[j]] = score
+        table[by_index[j]][by_index[i]] = score
+    return json.dumps([{"uuid": u, "score": peers} for u, peers in table.items()])
+
+
+def test_expected_scores_follow_go_hamis_table() -> None:
+    assert gpucheck.expected_scores("NODE") == (20,)
+    assert gpucheck.expected_scores("SYS") == (10,)
+    assert gpucheck.expected_scores("PIX") == (50,)
+    nv = gpucheck.expected_scores("NV12")
+    assert nv is not None and nv[0] == 1200 and 1260 in nv and 1230 in nv
+    assert gpucheck.expected_scores("X") is None
+
+
+def test_topology_scores_are_compared_with_topo_m() -> None:
+    smi, topo = parse_smi_query(MIXED_QUERY), parse_topo(MIXED_TOPO)
+    right = _scores(smi, {(0, 1): 20, (0, 2): 10, (1, 2): 10})
+    check = gpucheck.compare_scores(smi, topo, right, option_on=True)
+    assert check.status == "PASS", check.detail
+    wrong = _scores(smi, {(0, 1): 50, (0, 2): 10, (1, 2): 10})
+    check = gpucheck.compare_scores(smi, topo, wrong, option_on=True)
+    assert check.status == "FAIL"
+    assert "GPU0-GPU1 NODE: hami [50], expected (20,)" in check.detail
+    missing = _scores(smi, {(0, 1): 20, (0, 2): 10})
+    assert gpucheck.compare_scores(smi, topo, missing, option_on=True).status == "FAIL"
+    assert gpucheck.compare_scores(smi, topo, None, option_on=True).status == "FAIL"
+    assert gpucheck.compare_scores(smi, topo, "{not json", option_on=True).status == "FAIL"
+    assert gpucheck.compare_scores(smi, topo, None, option_on=False).status == "SKIP"
+    single = parse_topo(H200_TOPO)
+    assert gpucheck.compare_scores(smi[:1], single, None, option_on=True).status == "SKIP"
+
+
+async def test_step4_topology_runs_the_backend_against_topo_m() -> None:
+    smi = parse_smi_query(MIXED_QUERY)
+    gpus = [
+        FakeGpu(g.index, g.uuid, g.name, g.memory_mib * 2**20, f"00000000:{g.index + 1:02x}:00.0")
+        for g in smi
+    ]
+    for gpu in gpus:
+        gpu.numa_node = 0 if gpu.index < 2 else 1  # the fake's default level: NODE or SYSTEM
+    check = await gpucheck.step4_topology(
+        BackendSettings(), FakeNvml(gpus), smi, parse_topo(MIXED_TOPO), ""
+    )
+    assert check.status == "PASS", check.detail
+    assert "3 pair(s) match" in check.detail
+    gpus[2].numa_node = 0  # now the fake says NODE where topo -m says SYS
+    check = await gpucheck.step4_topology(
+        BackendSettings(), FakeNvml(gpus), smi, parse_topo(MIXED_TOPO), ""
+    )
+    assert check.status == "FAIL", check.detail
 
 
 # --------------------------------------------------------------------------- whole run
@@ -680,6 +729,9 @@ def test_whole_check_on_the_real_control_plane(
 ) -> None:
     """Steps 1-5 with the fake driver: the slice pod lands on a node agent with the NVIDIA
     backend, kubelet's Allocate answer names a real (fixture) uuid, the limits and mounts."""
+    # The fake driver's topology as MIXED_TOPO shows it: the V100s under one host bridge
+    # pair on one NUMA node (NODE), the T4 across the CPUs (SYS, the fake's default).
+    mixed.ancestors[frozenset((0, 1))] = pynvml.NVML_TOPOLOGY_NODE
     options = Options(
         nvml=mixed,
         hami_devices=in_process_hami_devices(mixed),
@@ -704,9 +756,9 @@ def test_whole_check_on_the_real_control_plane(
         "step2 mounts": "PASS",
         "step3 hami-core": "SKIP",
         "step4 health events": "PASS",
-        "step4 topology scores": "SKIP",
+        "step4 topology scores": "PASS",
     }, out.getvalue()
-    assert lines[-1] == "gpu-check OK: 7 passed, 0 failed, 2 skipped"
+    assert lines[-1] == "gpu-check OK: 8 passed, 0 failed, 1 skipped"
     assert code == 0
     left = [n for n in asyncio.run(_node_names(controlplane.kubeconfig)) if "gpu-check" in n]
     assert left == []  # the shared control plane keeps no node of the check

@@ -10,8 +10,8 @@ One run, no arguments needed, five steps, one report line per check:
    ``Allocate`` answer (``NVIDIA_VISIBLE_DEVICES`` the real uuid, the limits, the mounts);
 3. HAMi-core, where it can be built here (``hami.testkit.gpucheck_cuda``): a CUDA program
    under the answer's environment with ``libvgpu.so`` preloaded; skipped, saying why, where not;
-4. NVML health events registered on every GPU; topology pair scores (skipped: the
-   ``hami.io/node-nvidia-score`` annotation is not implemented yet);
+4. NVML health events registered on every GPU; the topology pair scores the backend writes
+   (``hami.io/node-nvidia-score``) against ``nvidia-smi topo -m``;
 5. the report; exit status 1 on any FAIL.
 
 Without a GPU (no ``nvidia-smi``, or it fails, or it lists none) it prints one line and
@@ -44,6 +44,7 @@ from hami.backends.base import BackendError, BackendSettings, Device
 from hami.backends.hamicore import HamiCorePaths
 from hami.backends.nvidia import NvidiaBackend
 from hami.backends.nvidia_names import NVIDIA_RESOURCES
+from hami.core.topology import parse_pair_scores, score_key
 from hami.node.agent import NodeAgent
 from hami.protocol import NodeDevice, ProtocolError, decode_node_devices, keys
 from hami.testkit import gpucheck_cuda
@@ -625,20 +626,78 @@ def _masks(supported: Mapping[str, int], uuids: Sequence[str]) -> str:
     return ", ".join(f"{hex(supported[u])}" if u in supported else "unknown" for u in uuids)
 
 
-def step4_topology(topo: Topology | None, topo_why: str) -> Check:
+# nvidia-smi topo -m's PCIe words -> the score Go HAMi (and hami) give that path; an NVLink
+# cell (NV#) hides the PCIe path, so it scores 100 per link plus one of these or nothing.
+TOPO_PCIE_SCORES = {"PIX": 50, "PXB": 40, "PHB": 30, "NODE": 20, "SYS": 10, "SOC": 10}
+NVLINK_CELL = re.compile(r"NV(\d+)")
+
+
+def expected_scores(cell: str) -> tuple[int, ...] | None:
+    """The link scores a ``topo -m`` cell allows; None when the cell names no known link."""
+    if cell in TOPO_PCIE_SCORES:
+        return (TOPO_PCIE_SCORES[cell],)
+    match = NVLINK_CELL.fullmatch(cell)
+    if match is None:
+        return None
+    links = 100 * int(match.group(1))
+    return (links, *(links + pcie for pcie in sorted(set(TOPO_PCIE_SCORES.values()) | {60})))
+
+
+def compare_scores(
+    smi: Sequence[SmiGpu], topo: Topology, value: str | None, option_on: bool
+) -> Check:
+    """hami's ``hami.io/node-nvidia-score`` value against ``nvidia-smi topo -m``."""
+    name = "step4 topology scores"
+    if not topo.links:
+        return Check(name, "SKIP", "one GPU: no pairs to score")
+    if not option_on:
+        return Check(name, "SKIP", "topology_score is off in the configuration")
+    if not value:
+        return Check(name, "FAIL", f"the backend wrote no {score_key('nvidia')} value")
+    try:
+        scores = parse_pair_scores(value)
+    except ValueError as exc:
+        return Check(name, "FAIL", f"{score_key('nvidia')} does not read: {exc}")
+    uuid_of = {g.index: g.uuid for g in smi}
+    wrong: list[str] = []
+    unknown: list[str] = []
+    for (i, j), cell in sorted(topo.links.items()):
+        allowed = expected_scores(cell)
+        if allowed is None:
+            unknown.append(f"GPU{i}-GPU{j} {cell}")
+            continue
+        a, b = uuid_of.get(i), uuid_of.get(j)
+        got = {scores.get(x, {}).get(y) for x, y in ((a, b), (b, a)) if x and y}
+        if len(got) != 1 or next(iter(got)) not in allowed:
+            wrong.append(f"GPU{i}-GPU{j} {cell}: hami {sorted(got, key=str)}, expected {allowed}")
+    if wrong:
+        return Check(name, "FAIL", "; ".join(wrong))
+    detail = f"{len(topo.links) - len(unknown)} pair(s) match nvidia-smi topo -m"
+    if unknown:
+        detail += f"; not checked (unknown link words): {', '.join(unknown)}"
+    return Check(name, "PASS", detail)
+
+
+async def step4_topology(
+    settings: BackendSettings,
+    nvml: Any,
+    smi: Sequence[SmiGpu],
+    topo: Topology | None,
+    topo_why: str,
+) -> Check:
+    """The pair scores the NVIDIA backend would write, against ``nvidia-smi topo -m``."""
     if topo is None:
-        seen = f"nvidia-smi topo -m unreadable ({topo_why})"
-    elif topo.links:
-        seen = "nvidia-smi topo -m: " + ", ".join(
-            f"GPU{i}-GPU{j} {link}" for (i, j), link in sorted(topo.links.items())
-        )
-    else:
-        seen = "nvidia-smi topo -m: one GPU, no pairs"
-    return Check(
-        "step4 topology scores",
-        "SKIP",
-        f"not implemented yet (hami does not write hami.io/node-nvidia-score); {seen}",
-    )
+        return Check("step4 topology scores", "SKIP", f"nvidia-smi topo -m unreadable ({topo_why})")
+    backend = NvidiaBackend(settings, nvml=nvml)
+    try:
+        devices = await backend.enumerate()
+        value = backend.node_annotations(devices).get(score_key("nvidia"))
+    except BackendError as exc:
+        return Check("step4 topology scores", "FAIL", f"the backend failed: {exc}")
+    finally:
+        await backend.close()
+    option_on = bool(settings.options.get("topology_score", True))
+    return compare_scores(smi, topo, value, option_on)
 
 
 # --------------------------------------------------------------------------- main
@@ -698,7 +757,7 @@ async def run_checks(options: Options, smi: Sequence[SmiGpu], settings: BackendS
     smi_uuids = [g.uuid for g in smi]
     report.extend(await step2(settings, smi_uuids, options.nvml, hamicore, options.plane))
     report.extend([await step4_health(settings, options.nvml)])
-    report.extend([step4_topology(topo, topo_why)])
+    report.extend([await step4_topology(settings, options.nvml, smi, topo, topo_why)])
     return report
 
 
