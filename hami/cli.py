@@ -8,17 +8,25 @@ import importlib
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hami import __version__, config, log
-from hami.backends import registry
-from hami.backends.base import Backend, BackendError
+from hami import __version__, config
 from hami.cliargs import add_common_flags, load_config
+
+if TYPE_CHECKING:
+    from hami.backends.base import Backend
 
 # role name -> module with ``async def main(cfg: config.Config) -> int``
 ROLES = {"node": "hami.node.role", "scheduler": "hami.scheduler.role"}
-# extra subcommands: module with ``add_parser(subparsers)``; each sets ``func`` on its parser
-EXTRA_COMMANDS = ("hami.scheduler.explain_cli", "hami.demo.cli")
+# extra subcommands: module with ``add_parser(subparsers)``; each sets ``func`` on its parser.
+# Such a module imports little at the top: ``hami version`` and ``--help`` build every parser,
+# and the heavy libraries (kubernetes_asyncio, aiohttp, ...) are imported by ``func`` only.
+EXTRA_COMMANDS = ("hami.scheduler.explain_cli",)
+DEMO_DESCRIPTION = """\
+Starts etcd, kube-apiserver and kube-scheduler as local processes (building them first when
+they are missing), the hami scheduler role as kube-scheduler's extender and three simulated
+GPU nodes; submits a mix of GPU pods, prints where each landed and why the one that cannot
+fit stays Pending, and shuts everything down (--keep: keeps it running until Ctrl-C)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument("--node-name", help="this node's name (node role; default: $NODE_NAME)")
     p_run.set_defaults(func=_cmd_run)
 
+    _add_demo_parser(sub)
     for module_name in EXTRA_COMMANDS:
         try:
             module = importlib.import_module(module_name)
@@ -53,12 +62,44 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_demo_parser(sub: Any) -> None:
+    # defined here, not in hami.demo.cli, which imports the test kit: ``hami run`` must not
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "demo",
+        help="a local cluster with simulated GPU nodes, sample pods and a placement table",
+        description=DEMO_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the cluster running until Ctrl-C")
+    parser.add_argument(
+        "--no-build",
+        action="store_true",
+        help="do not build missing control plane binaries; just say how to get them",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="warning",
+        choices=config.LOG_LEVELS,
+        help="log level of the in-process roles (default: warning)",
+    )
+    parser.set_defaults(func=_cmd_demo)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from hami.demo import cli as demo_cli
+
+    result: int = demo_cli.run(args)
+    return result
+
+
 def _cmd_version(args: argparse.Namespace) -> int:
     print(f"hami {__version__}")
     return 0
 
 
 def _cmd_devices(args: argparse.Namespace) -> int:
+    from hami import log
+
     cfg = load_config(args)
     log.configure(cfg.log.level, cfg.log.format)
     if args.backend:
@@ -70,6 +111,9 @@ def _cmd_devices(args: argparse.Namespace) -> int:
 
 
 async def _show_devices(chosen: dict[str, config.BackendConfig]) -> int:
+    from hami.backends import registry
+    from hami.backends.base import BackendError
+
     failures = 0
     now = datetime.now(UTC)
     for name, section in chosen.items():
@@ -117,6 +161,8 @@ def _print_table(rows: Sequence[Sequence[str]]) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from hami import log
+
     cfg = load_config(args)
     log.configure(cfg.log.level, cfg.log.format)
     module_name = ROLES[args.role]

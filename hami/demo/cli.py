@@ -271,34 +271,6 @@ def ensure_binaries(out: TextIO, build: bool) -> bool:
     return True
 
 
-def add_parser(subparsers: Any) -> None:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "demo",
-        help="a local cluster with simulated GPU nodes, sample pods and a placement table",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--keep", action="store_true", help="keep the cluster running until Ctrl-C")
-    parser.add_argument(
-        "--no-build",
-        action="store_true",
-        help="do not build missing control plane binaries; just say how to get them",
-    )
-    parser.add_argument(
-        "--log-level",
-        default="warning",
-        choices=log_levels(),
-        help="log level of the in-process roles (default: warning)",
-    )
-    parser.set_defaults(func=run)
-
-
-def log_levels() -> tuple[str, ...]:
-    from hami.config import LOG_LEVELS
-
-    return tuple(LOG_LEVELS)
-
-
 def run(args: argparse.Namespace) -> int:
     out = sys.stdout
     log.configure(args.log_level, "console")

@@ -15,10 +15,11 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from hami import config, log
+from hami import config
 from hami.cliargs import add_common_flags, load_config
-from hami.kube.client import KubeConfigError, open_client
-from hami.kube.raw import KubeError
+
+# hami.kube and hami.log are imported by the functions that use them: ``hami --help`` builds
+# this parser, and must not pay for kubernetes_asyncio and aiohttp.
 
 
 def add_parser(subparsers: Any) -> None:
@@ -40,6 +41,10 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hami import log
+    from hami.kube.client import KubeConfigError
+    from hami.kube.raw import KubeError
+
     cfg = load_config(args)
     log.configure(cfg.log.level, cfg.log.format)
     answer: dict[str, Any] | None = None
@@ -78,6 +83,8 @@ def ask_scheduler(url: str, namespace: str, name: str) -> dict[str, Any] | None:
 
 
 async def compute(cfg: config.Config, namespace: str, name: str) -> dict[str, Any]:
+    from hami.kube.client import open_client
+    from hami.kube.raw import KubeError
     from hami.scheduler.role import device_kinds
     from hami.scheduler.service import Scheduler
 
