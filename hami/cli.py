@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from hami import __version__, config
-from hami.cliargs import add_common_flags, load_config
+from hami.cliargs import add_common_flags, load_config, tool_log_level
 
 if TYPE_CHECKING:
     from hami.backends.base import Backend
@@ -101,7 +101,7 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     from hami import log
 
     cfg = load_config(args)
-    log.configure(cfg.log.level, cfg.log.format)
+    log.configure(tool_log_level(args), cfg.log.format)
     if args.backend:
         section = cfg.backends.get(args.backend, config.BackendConfig())
         chosen = {args.backend: section}

@@ -18,6 +18,16 @@ def add_common_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, $KUBECONFIG)")
 
 
+# what a command-line tool (devices, explain) logs at unless --log-level says otherwise: a
+# person reading its output wants the answer, not the info lines a role writes for its logs
+TOOL_LOG_LEVEL = "warning"
+
+
+def tool_log_level(args: argparse.Namespace) -> str:
+    level: str | None = getattr(args, "log_level", None)
+    return level or TOOL_LOG_LEVEL
+
+
 def load_config(args: argparse.Namespace) -> config.Config:
     cfg = config.load(args.config)
     if getattr(args, "log_level", None):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -45,3 +46,50 @@ def test_run_parser_does_not_import_demo_or_testkit() -> None:
     # an unknown role fails in argparse, after the whole parser was built
     modules = _modules_after("run", "--role", "nobody")
     assert not [m for m in modules if m.startswith(("hami.testkit", "hami.demo"))]
+
+
+def _configured_levels(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    from hami import log
+
+    levels: list[str] = []
+    monkeypatch.setattr(log, "configure", lambda level, *a, **k: levels.append(level))
+    return levels
+
+
+@pytest.fixture
+def info_config(tmp_path: Path) -> str:
+    path = tmp_path / "hami.yaml"
+    path.write_text("log:\n  level: info\n")
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("devices", "--backend", "fake"),
+        ("explain", "some-pod", "--offline", "--json"),
+    ],
+)
+def test_tools_log_at_warning_unless_asked(
+    monkeypatch: pytest.MonkeyPatch, info_config: str, argv: tuple[str, ...]
+) -> None:
+    from hami.cli import main
+    from hami.scheduler import explain_cli
+
+    async def no_cluster(*args: object) -> dict[str, object]:
+        return {"pod": "some-pod"}
+
+    monkeypatch.setattr(explain_cli, "compute", no_cluster)
+    levels = _configured_levels(monkeypatch)
+    main([*argv, "--config", info_config])
+    main([*argv, "--config", info_config, "--log-level", "debug"])
+    assert levels == ["warning", "debug"]
+
+
+def test_roles_keep_the_configured_level(monkeypatch: pytest.MonkeyPatch, info_config: str) -> None:
+    from hami import cli
+
+    levels = _configured_levels(monkeypatch)
+    monkeypatch.setitem(cli.ROLES, "node", "hami.no_such_role_module")
+    cli.main(["run", "--role", "node", "--config", info_config])
+    assert levels == ["info"]

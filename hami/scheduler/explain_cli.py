@@ -16,7 +16,7 @@ import urllib.request
 from typing import Any
 
 from hami import config
-from hami.cliargs import add_common_flags, load_config
+from hami.cliargs import add_common_flags, load_config, tool_log_level
 
 # hami.kube and hami.log are imported by the functions that use them: ``hami --help`` builds
 # this parser, and must not pay for kubernetes_asyncio and aiohttp.
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from hami.kube.raw import KubeError
 
     cfg = load_config(args)
-    log.configure(cfg.log.level, cfg.log.format)
+    log.configure(tool_log_level(args), cfg.log.format)
     answer: dict[str, Any] | None = None
     if not args.offline:
         url = args.url or f"http://127.0.0.1:{cfg.scheduler.extender.port}"  # /explain is there
