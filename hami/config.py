@@ -17,7 +17,8 @@ from typing import Any, Union, get_origin, get_type_hints
 
 import yaml
 
-from hami.backends.base import BackendSettings, ResourceNames
+from hami.backends import registry
+from hami.backends.base import BackendError, BackendSettings, ResourceNames
 from hami.core.requests import DEVICE_POLICY_WORDS
 
 
@@ -126,6 +127,7 @@ class BackendConfig:
             if "count" not in self.resources:
                 raise ConfigError(f"config key backends.{name}.resources.count is required")
             resources = ResourceNames(**self.resources)
+        self._check_options(name)
         return BackendSettings(
             split_count=self.split_count,
             memory_scaling=self.memory_scaling,
@@ -134,6 +136,22 @@ class BackendConfig:
             options=self.options,
             register_format=self.register_format,
         )
+
+    def _check_options(self, name: str) -> None:
+        """A typo in a backend's own keys reads like one in any other key."""
+        try:
+            known = registry.load_class(name).known_options
+        except BackendError:
+            return  # an unknown or broken backend: creating it says so
+        if known is None:
+            return
+        unknown = sorted(set(map(str, self.options)) - known)
+        if unknown:
+            shared = {f.name for f in dataclasses.fields(self)} - {"options"}
+            raise ConfigError(
+                f"config key backends.{name}.{unknown[0]}: unknown key; known keys here are "
+                f"{', '.join(sorted(shared | known))}"
+            )
 
 
 def _default_backends() -> dict[str, BackendConfig]:

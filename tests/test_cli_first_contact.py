@@ -93,3 +93,28 @@ def test_roles_keep_the_configured_level(monkeypatch: pytest.MonkeyPatch, info_c
     monkeypatch.setitem(cli.ROLES, "node", "hami.no_such_role_module")
     cli.main(["run", "--role", "node", "--config", info_config])
     assert levels == ["info"]
+
+
+@pytest.mark.parametrize("backend", ["nvidia", "mlu"])
+def test_backend_option_typo_is_the_one_line_config_error(tmp_path: Path, backend: str) -> None:
+    from hami import config
+
+    path = tmp_path / "hami.yaml"
+    path.write_text(f"backends:\n  {backend}:\n    splitcount: 3\n")
+    cfg = config.load(str(path))
+    with pytest.raises(config.ConfigError) as caught:
+        cfg.backends[backend].settings(backend)
+    message = str(caught.value)
+    assert message.startswith(f"config key backends.{backend}.splitcount: unknown key;")
+    assert "\n" not in message
+    for shared in ("split_count", "memory_scaling", "core_scaling", "resources", "register_format"):
+        assert shared in message
+
+
+def test_backend_options_that_exist_still_pass(tmp_path: Path) -> None:
+    from hami import config
+
+    path = tmp_path / "hami.yaml"
+    path.write_text("backends:\n  nvidia:\n    health_checks: false\n    split_count: 3\n")
+    settings = config.load(str(path)).backends["nvidia"].settings("nvidia")
+    assert settings.options == {"health_checks": False}

@@ -102,6 +102,9 @@ class Backend(abc.ABC):
     # Core percent a request without a cores resource asks for (the scheduler's default):
     # 0 = no core share (NVIDIA), 100 = the whole device (Cambricon MLU).
     default_cores: int = 0
+    # The option keys a config section may carry besides the shared ones (split_count, ...);
+    # config reports any other key as a typo. None: the backend checks its options itself.
+    known_options: frozenset[str] | None = None
     # A container limit passed to the device runtime as the task priority (not a device
     # count): managed by hami, ignored by kube-scheduler. None: the backend has none.
     priority_resource: str | None = None

@@ -76,6 +76,7 @@ class CambriconBackend(Backend):
     allocated_key = "hami.io/cambricon-mlu-devices-allocated"
     to_allocate_key = "hami.io/cambricon-mlu-devices-to-allocate"
     default_cores = 100  # cambricon.com/mlu.smlu.vcore absent: the whole card
+    known_options = frozenset({*_STRING_OPTIONS, "cnmon_timeout"})
 
     def __init__(self, settings: BackendSettings | None = None) -> None:
         super().__init__(settings)

@@ -78,6 +78,7 @@ class NvidiaBackend(Backend):
     allocated_key = NVIDIA_ALLOCATED
     to_allocate_key = NVIDIA_TO_ALLOCATE
     priority_resource = NVIDIA_PRIORITY
+    known_options = frozenset(_OPTIONS)
 
     def __init__(self, settings: BackendSettings | None = None, *, nvml: Any = None) -> None:
         """``nvml``: an object with pynvml's functions and error classes (tests pass a fake)."""
