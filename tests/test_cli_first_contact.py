@@ -118,3 +118,22 @@ def test_backend_options_that_exist_still_pass(tmp_path: Path) -> None:
     path.write_text("backends:\n  nvidia:\n    health_checks: false\n    split_count: 3\n")
     settings = config.load(str(path)).backends["nvidia"].settings("nvidia")
     assert settings.options == {"health_checks": False}
+
+
+def test_nvml_missing_is_said_once(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pynvml = pytest.importorskip("pynvml")
+    from structlog.testing import capture_logs
+
+    from hami.cli import main
+
+    def no_library() -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", no_library)
+    with capture_logs() as logs:
+        assert main(["devices", "--backend", "nvidia"]) == 1
+    said = capsys.readouterr()
+    assert (said.out + said.err).count("libnvidia-ml.so.1 not found") == 1
+    assert [e for e in logs if "libnvidia-ml.so.1" in str(e)] == []

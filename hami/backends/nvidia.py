@@ -131,9 +131,9 @@ class NvidiaBackend(Backend):
                 try:
                     nvml.nvmlInit()
                 except nvml.NVMLError as exc:
-                    message = _nvml.init_error_message(nvml, exc)
-                    log.error("nvidia.nvml_init_failed", error=str(exc), hint=message)
-                    raise BackendError(message) from exc
+                    # raised, not logged as well: the caller says it (the CLI prints it,
+                    # the node agent logs it), once
+                    raise BackendError(_nvml.init_error_message(nvml, exc)) from exc
                 self._started = True
             return nvml
 
@@ -166,7 +166,6 @@ class NvidiaBackend(Backend):
         try:
             count = int(nvml.nvmlDeviceGetCount())
         except nvml.NVMLError as exc:
-            log.error("nvidia.device_count_failed", error=str(exc))
             raise BackendError(f"NVML could not count the GPUs on this node: {exc}") from exc
         devices = [d for d in (self._read(nvml, index) for index in range(count)) if d]
         devices.sort(key=lambda d: d.index)
