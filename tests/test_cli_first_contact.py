@@ -137,3 +137,28 @@ def test_nvml_missing_is_said_once(
     said = capsys.readouterr()
     assert (said.out + said.err).count("libnvidia-ml.so.1 not found") == 1
     assert [e for e in logs if "libnvidia-ml.so.1" in str(e)] == []
+
+
+def test_demo_explain_hint_works_without_an_activated_venv() -> None:
+    import os
+    import shlex
+
+    from hami.demo.cli import UNFIT, explain_command
+
+    argv = shlex.split(explain_command("demo ns", "/tmp/kube config", 8765))
+    assert argv[:3] == [sys.executable, "-m", "hami"]
+    assert argv[3:] == [
+        "explain",
+        UNFIT,
+        "-n",
+        "demo ns",
+        "--kubeconfig",
+        "/tmp/kube config",
+        "--url",
+        "http://127.0.0.1:8765",
+    ]
+    bare = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PATH")}
+    done = subprocess.run(
+        [*argv[:3], "explain", "--help"], env={**bare, "PATH": "/usr/bin:/bin"}, timeout=60
+    )
+    assert done.returncode == 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import shlex
 import signal
 import subprocess
 import sys
@@ -202,10 +203,7 @@ async def run_demo(
         if keep:
             say.raw(f"the cluster keeps running; kubeconfig: {cluster.kubeconfig}")
             say.raw(f"  kubectl --kubeconfig {cluster.kubeconfig} -n {cluster.namespace} get pods")
-            say.raw(
-                f"  hami explain {UNFIT} -n {cluster.namespace} "
-                f"--kubeconfig {cluster.kubeconfig} --url http://127.0.0.1:{cluster.port}"
-            )
+            say.raw(f"  {explain_command(cluster.namespace, cluster.kubeconfig, cluster.port)}")
             say.raw("press Ctrl-C to stop it")
             await _wait_for_signal()
         say("shutting down ...")
@@ -269,6 +267,13 @@ def ensure_binaries(out: TextIO, build: bool) -> bool:
         print(f"hami demo: {exc}", file=out)
         return False
     return True
+
+
+def explain_command(namespace: str, kubeconfig: str | Path, port: int) -> str:
+    """The ``hami explain`` line to print: this interpreter's, so no venv need be activated."""
+    argv = [sys.executable, "-m", "hami", "explain", UNFIT, "-n", namespace]
+    argv += ["--kubeconfig", str(kubeconfig), "--url", f"http://127.0.0.1:{port}"]
+    return shlex.join(argv)
 
 
 def run(args: argparse.Namespace) -> int:
