@@ -162,3 +162,22 @@ def test_demo_explain_hint_works_without_an_activated_venv() -> None:
         [*argv[:3], "explain", "--help"], env={**bare, "PATH": "/usr/bin:/bin"}, timeout=60
     )
     assert done.returncode == 0
+
+
+def test_the_license_is_an_spdx_expression(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[1]
+    probe = (
+        "import sys\n"
+        "from setuptools.build_meta import prepare_metadata_for_build_wheel as meta\n"
+        "print(meta(sys.argv[1]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    metadata = (tmp_path / done.stdout.split()[-1] / "METADATA").read_text()
+    assert "License-Expression: Apache-2.0" in metadata.splitlines()
