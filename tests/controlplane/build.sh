@@ -15,6 +15,34 @@ for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
   vflags="$vflags -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
   vflags="$vflags -X $pkg.gitTreeState=clean"
 done
+# Runs "$@" while a background ticker says every ${HAMI_BUILD_TICK:-20}s what is being built
+# and for how long (a cold go build is otherwise silent for minutes); returns "$@"'s status.
+ticking() {
+  local what="$1" tick="${HAMI_BUILD_TICK:-20}" start rc=0 ticker
+  shift
+  start=$(date +%s)
+  (
+    # stop the pending sleep too, or it holds stderr open until it ends
+    trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+    while :; do
+      sleep "$tick" &
+      nap=$!
+      wait "$nap"
+      echo "controlplane: still building ${what} ($(( $(date +%s) - start ))s so far)" >&2
+    done
+  ) &
+  ticker=$!
+  "$@" || rc=$?
+  kill "$ticker" 2>/dev/null || true
+  wait "$ticker" 2>/dev/null || true
+  return "$rc"
+}
+build_kubernetes() {
+  (cd "$here" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w $vflags" -o "$out/" "$@")
+}
+build_etcd() {
+  (cd "$here/etcd" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/etcd" go.etcd.io/etcd/server/v3)
+}
 need=()
 for bin in kube-apiserver kube-scheduler; do
   # rebuild when missing or built for another version
@@ -23,12 +51,12 @@ done
 if [ "${#need[@]}" -gt 0 ]; then
   echo "controlplane: building ${need[*]} at ${version} into ${out} (cold build: ~7 min on 2 cores)" >&2
   start=$(date +%s)
-  (cd "$here" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w $vflags" -o "$out/" "${need[@]}")
+  ticking "${need[*]##*/}" build_kubernetes "${need[@]}"
   echo "controlplane: built in $(( $(date +%s) - start ))s" >&2
 fi
 if [ ! -x "$out/etcd" ]; then
   echo "controlplane: building etcd into ${out}" >&2
-  (cd "$here/etcd" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/etcd" go.etcd.io/etcd/server/v3)
+  ticking etcd build_etcd
 fi
 ls -l "$out" >&2
 echo "$out"
