@@ -110,13 +110,19 @@ async def compute(cfg: config.Config, namespace: str, name: str) -> dict[str, An
 def print_answer(answer: dict[str, Any]) -> None:
     print(f"pod {answer.get('pod')}")
     if answer.get("assigned"):
-        print(f"placed on node {answer['assigned']} (its hold is counted below)")
+        print(f"placed on node {answer['assigned']} (its own hold is not counted below)")
     if answer.get("error"):
         print(f"error: {answer['error']}")
         return
     nodes: dict[str, str] = answer.get("nodes") or {}
     if not nodes:
         print("no nodes known")
+        return
+    if answer.get("scheduler_message"):
+        # every node fits hami's devices: the pod waits on something else (taints, CPU, ...)
+        print(f"hami's devices fit on all {len(nodes)} node(s); kube-scheduler says:")
+        print(f"  {answer['scheduler_message']}")
+        print_quota(answer)
         return
     width = max(len("NODE"), *(len(n) for n in nodes))
     print(f"{'NODE'.ljust(width)}  REASON")

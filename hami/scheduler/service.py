@@ -647,7 +647,27 @@ class Scheduler:
     async def explain(self, namespace: str, name: str) -> Json:
         """Why each node would (not) take a pod, from the current state."""
         pod = await self._kube.get_pod(namespace, name)
-        return self.explain_pod(pod)
+        answer = self.explain_pod(pod)
+        nodes: dict[str, str] = answer.get("nodes") or {}
+        if _waits_outside_hami(pod, nodes):
+            # hami's devices fit: kube-scheduler's own reason is the one that matters
+            answer["scheduler_message"] = await self._failed_scheduling(pod)
+        return answer
+
+    async def _failed_scheduling(self, pod: Mapping[str, Any]) -> str:
+        """kube-scheduler's latest FailedScheduling message for the pod ("" if none)."""
+        meta = metadata_of(pod)
+        namespace = str(meta.get("namespace") or "")
+        selector = f"involvedObject.uid={meta.get('uid', '')},reason=FailedScheduling"
+        try:
+            found, _ = await self._kube.list_all(
+                f"/api/v1/namespaces/{namespace}/events", query=(("fieldSelector", selector),)
+            )
+        except KubeError as exc:  # the node reasons stand on their own
+            _log.warning("events not read", pod=pod_key(pod), error=str(exc))
+            return ""
+        latest = max(found, key=_event_time, default=None)
+        return str(latest.get("message") or "") if isinstance(latest, Mapping) else ""
 
     def explain_pod(self, pod: Mapping[str, Any]) -> Json:
         key = pod_key(pod)
@@ -658,7 +678,16 @@ class Scheduler:
         if request is None:
             return {"pod": key, "error": "the pod asks for no device hami manages", "nodes": {}}
         namespace = key.partition("/")[0]
-        reasons = self.cluster.explain(request, sorted(self.cluster.nodes), namespace=namespace)
+        # a placed pod's own hold is not held against it: explain as if it were not there yet
+        # (synchronous, so no filter runs in between)
+        own = self.cluster.pods.get(key)
+        if own is not None:
+            self.cluster.release(key)
+        try:
+            reasons = self.cluster.explain(request, sorted(self.cluster.nodes), namespace=namespace)
+        finally:
+            if own is not None:
+                self.cluster.rollback(key, own)
         annotations = annotations_of(pod)
         return {
             "pod": key,
@@ -766,3 +795,20 @@ def _holder_words(lock: NodeLock) -> str:
     if lock.owner is None:
         return "an older HAMi scheduler (a lock naming no pod)"
     return f"pod {lock.owner}"
+
+
+def _waits_outside_hami(pod: Mapping[str, Any], nodes: Mapping[str, str]) -> bool:
+    spec = pod.get("spec")
+    status = pod.get("status")
+    unbound = not (isinstance(spec, Mapping) and spec.get("nodeName"))
+    pending = not isinstance(status, Mapping) or status.get("phase", "Pending") == "Pending"
+    return unbound and pending and bool(nodes) and all(r == "fits" for r in nodes.values())
+
+
+def _event_time(event: Any) -> str:
+    """An Event's latest time as an RFC 3339 string (they sort as text)."""
+    if not isinstance(event, Mapping):
+        return ""
+    series = event.get("series")
+    last = series.get("lastObservedTime") if isinstance(series, Mapping) else None
+    return str(last or event.get("lastTimestamp") or event.get("eventTime") or "")
