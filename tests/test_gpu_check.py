@@ -720,7 +720,7 @@ def test_configuration_errors_name_the_file_and_the_key(
     assert f"cannot read config file {tmp_path}/site.yaml" in capsys.readouterr().err
     (tmp_path / "site.yaml").write_text("backends:\n  nvidia:\n    sysfs_rot: /sys\n")
     assert gpucheck.main(["--config", "site.yaml"], options) == 2
-    assert "nvidia: unknown option(s) ['sysfs_rot']" in capsys.readouterr().err
+    assert "config key backends.nvidia.sysfs_rot: unknown key" in capsys.readouterr().err
 
 
 @pytest.mark.controlplane
