@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import yaml
 from grpclib.server import Server, Stream
 
 from hami._proto.v1beta1 import api_grpc, api_pb2
@@ -231,3 +232,31 @@ async def running_agent(
     finally:
         await agent.stop()
         await task
+
+
+def write_fake_node_config(
+    node: str, plugin_dir: Path, work_dir: Path, level: str = "warning"
+) -> Path:
+    """A config file for `hami run --role node` with the fake backend (one A100, split 2)
+    serving ``plugin_dir``; written as ``work_dir/hami.yaml``."""
+    config = {
+        "log": {"level": level, "format": "json"},
+        "node": {
+            "register_period": "1s",
+            "device_plugin_dir": str(plugin_dir),
+            "http": {"address": "127.0.0.1", "port": 0},
+        },
+        "backends": {
+            "nvidia": {"enabled": False},
+            "fake": {
+                "enabled": True,
+                "split_count": 2,
+                "devices": [{"count": 1, "model": "NVIDIA-A100", "memory": 40960}],
+                "uuid_prefix": f"GPU-{node}",
+                "hamicore": {"containers_dir": str(work_dir / "containers")},
+            },
+        },
+    }
+    path = work_dir / "hami.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+from _node_helpers import write_fake_node_config
 
 from hami.kube.client import Kube
 from hami.testkit import ControlPlane, KubeletEmulator
@@ -33,30 +33,6 @@ def work_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="hd-", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-def _config(node: str, kubelet: KubeletEmulator, work_dir: Path) -> Path:
-    config = {
-        "log": {"level": "warning", "format": "json"},
-        "node": {
-            "register_period": "1s",
-            "device_plugin_dir": str(kubelet.plugin_dir),
-            "http": {"address": "127.0.0.1", "port": 0},
-        },
-        "backends": {
-            "nvidia": {"enabled": False},
-            "fake": {
-                "enabled": True,
-                "split_count": 2,
-                "devices": [{"count": 1, "model": "NVIDIA-A100", "memory": 40960}],
-                "uuid_prefix": f"GPU-{node}",
-                "hamicore": {"containers_dir": str(work_dir / "containers")},
-            },
-        },
-    }
-    path = work_dir / "hami.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 @pytest.fixture
@@ -104,7 +80,7 @@ async def test_killed_agent_process_has_0_allocatable_at_once_and_a_new_one_rest
 ) -> None:
     node = f"n-kill-{uuid.uuid4().hex[:6]}"
     kubelet: KubeletEmulator = await kubelet_factory(node)
-    config = _config(node, kubelet, work_dir)
+    config = write_fake_node_config(node, kubelet.plugin_dir, work_dir)
     proc = await start_agent(node, config)
     await kubelet.wait_for_resource(RESOURCE, healthy=2, timeout=30)
     assert await _allocatable(kube, node) == ("2", "2")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+from _node_helpers import write_fake_node_config
 
 from hami import cli, log
 from hami.kube.client import Kube
@@ -50,26 +50,7 @@ async def test_node_role_process_registers_and_stops_on_sigterm(
 ) -> None:
     node = f"n-proc-{uuid.uuid4().hex[:6]}"
     kubelet = await kubelet_factory(node)
-    config = {
-        "log": {"level": "info", "format": "json"},
-        "node": {
-            "register_period": "1s",
-            "device_plugin_dir": str(kubelet.plugin_dir),
-            "http": {"address": "127.0.0.1", "port": 0},
-        },
-        "backends": {
-            "nvidia": {"enabled": False},
-            "fake": {
-                "enabled": True,
-                "split_count": 2,
-                "devices": [{"count": 1, "model": "NVIDIA-A100", "memory": 40960}],
-                "uuid_prefix": f"GPU-{node}",
-                "hamicore": {"containers_dir": str(work_dir / "containers")},
-            },
-        },
-    }
-    path = work_dir / "hami.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path = write_fake_node_config(node, kubelet.plugin_dir, work_dir, level="info")
     env = {**os.environ, "NODE_NAME": node}
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
