@@ -121,3 +121,14 @@ def unique(prefix: str) -> str:
 
 def replace_scheduler(cfg: config.Config, **changes: Any) -> config.Config:
     return dataclasses.replace(cfg, scheduler=dataclasses.replace(cfg.scheduler, **changes))
+
+
+def binding(pod: dict[str, Any], node: str) -> dict[str, Any]:
+    """kube-scheduler's ExtenderBindingArgs for ``pod`` (its own field spelling)."""
+    meta = pod["metadata"]
+    return {
+        "PodName": meta["name"],
+        "PodNamespace": meta["namespace"],
+        "PodUID": meta["uid"],
+        "Node": node,
+    }

@@ -8,6 +8,7 @@ from typing import Any
 
 from _sched_helpers import (
     FakeClock,
+    binding,
     create_node,
     create_pod,
     delete_nodes,
@@ -24,16 +25,6 @@ from hami.protocol import keys
 from hami.testkit.cluster import poll
 
 REPORTED = "Reported_2024-05-20 09:59:50"
-
-
-def binding(pod: dict[str, Any], node: str) -> dict[str, Any]:
-    meta = pod["metadata"]
-    return {
-        "PodName": meta["name"],
-        "PodNamespace": meta["namespace"],
-        "PodUID": meta["uid"],
-        "Node": node,
-    }
 
 
 async def nodes(kube: Kube, prefix: str, n: int) -> list[str]:

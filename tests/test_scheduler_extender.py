@@ -12,6 +12,7 @@ import aiohttp
 from _sched_helpers import (
     T0,
     FakeClock,
+    binding,
     create_node,
     create_pod,
     delete_nodes,
@@ -29,17 +30,6 @@ from hami.protocol import decode_pod_devices, keys
 from hami.testkit.cluster import poll
 
 REPORTED = "Reported_2024-05-20 09:59:50"
-
-
-def binding(pod: dict[str, Any], node: str) -> dict[str, Any]:
-    """kube-scheduler's ExtenderBindingArgs for ``pod`` (its own field spelling)."""
-    meta = pod["metadata"]
-    return {
-        "PodName": meta["name"],
-        "PodNamespace": meta["namespace"],
-        "PodUID": meta["uid"],
-        "Node": node,
-    }
 
 
 async def make_nodes(kube: Kube, prefix: str, n: int, devices: int = 2, **kwargs: Any) -> list[str]:
