@@ -26,6 +26,7 @@ from hami.core.quota import Quotas
 from hami.core.requests import DeviceKind, DeviceRequest, PodRequest, parse_quantity
 from hami.core.usage import DeviceState, Use, pod_usage, requesting
 from hami.protocol import (
+    ContainerDevice,
     NodeDevice,
     ProtocolError,
     decode_node_devices,
@@ -119,6 +120,10 @@ class PodRecord:
     reserved: bool = field(default=False, compare=False)  # made by reserve(), no event yet
     # uuid -> device type: which quota resources the hold counts against (hami.core.quota)
     types: Mapping[str, str] = field(default_factory=dict, compare=False)
+    # device type -> per annotation entry (container) devices: the per-container metrics
+    assignment: Mapping[str, Sequence[Sequence[ContainerDevice]]] = field(
+        default_factory=dict, compare=False
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +184,10 @@ class Cluster:
         self._clock: datetime | None = None  # the latest time passed in
         self._asc: list[tuple[float, str]] = []  # (utilisation, name): spread order
         self._desc: list[tuple[float, str]] = []  # (-utilisation, name): binpack order
+        # Nodes and pod keys whose state changed since a reader (the metrics cache) took
+        # them; None until a reader installs a set, so nothing piles up unread.
+        self.changed_nodes: set[str] | None = None
+        self.changed_pods: set[str] | None = None
 
     # ------------------------------------------------------------------ nodes
 
@@ -260,6 +269,8 @@ class Cluster:
         node = self.nodes.get(name)
         if node is None:
             return
+        if self.changed_nodes is not None:
+            self.changed_nodes.add(name)
         self._unindex(node)
         if any(record.node == name for record in self.pods.values()):
             # Pods still name it: keep their usage, forget the devices.
@@ -366,6 +377,8 @@ class Cluster:
         return False, decisions[0][1].reason, stamps
 
     def _node_changed(self, node: NodeState) -> None:
+        if self.changed_nodes is not None:
+            self.changed_nodes.add(node.name)
         for word, state in node.types.items():
             state.summarise()
             state.refresh_view()
@@ -427,6 +440,7 @@ class Cluster:
         specs, init_count = pod_containers(obj)
         usage: dict[str, Use] = {}
         types: dict[str, str] = {}
+        assignment: dict[str, Sequence[Sequence[ContainerDevice]]] = {}
         errors: list[str] = []
         for kind in self.kinds.values():
             value = annotations.get(kind.allocated_key)
@@ -439,6 +453,7 @@ class Cluster:
                 continue
             # Go HAMi's values may lack the entries of containers without this type.
             positions = entry_containers(len(containers), requesting(specs, kind.resources))
+            assignment[kind.type_word] = containers
             for uuid, use in pod_usage(containers, init_count, positions).items():
                 usage.setdefault(uuid, Use()).add(use)
                 types[uuid] = kind.type_word
@@ -446,7 +461,10 @@ class Cluster:
             return None, errors
         uid = str(meta.get("uid") or "")
         stamp = annotations.get(keys.VGPU_TIME)
-        return PodRecord(pod_key(obj), uid, node, usage, bound, stamp, types=types), errors
+        record = PodRecord(
+            pod_key(obj), uid, node, usage, bound, stamp, types=types, assignment=assignment
+        )
+        return record, errors
 
     def upsert_pod(self, obj: Mapping[str, Any], now: datetime | None = None) -> list[str]:
         """Take a Pod's state; returns decode errors of its device annotations.
@@ -527,6 +545,8 @@ class Cluster:
 
     def _set_record(self, key: str, record: PodRecord | None) -> None:
         self.lapsed.pop(key, None)
+        if self.changed_pods is not None:
+            self.changed_pods.add(key)
         old = self.pods.get(key)
         if (
             old is not None
@@ -568,7 +588,10 @@ class Cluster:
     def reserve(self, key: str, uid: str, node: str, fit: NodeFit) -> PodRecord | None:
         """Hold ``fit`` for the pod at once; returns the record it replaced."""
         previous = self.pods.get(key)
-        record = PodRecord(key, uid, node, fit.usage, reserved=True, types=fit_types(fit))
+        types = fit_types(fit)
+        record = PodRecord(
+            key, uid, node, fit.usage, reserved=True, types=types, assignment=fit.assignment
+        )
         self._set_record(key, record)
         return previous
 
