@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver and kube-scheduler (from go.mod's pinned Kubernetes) and installs
-# etcd into the cache directory; a no-op when everything is already there.
+# Builds kube-apiserver and kube-scheduler (from go.mod's pinned Kubernetes), etcd and helm
+# (helm/go.mod pins it; the chart tests use it) into the cache directory; a no-op when
+# everything is already there.
 #   HAMI_CONTROLPLANE_DIR  cache directory (default ~/.cache/hami/controlplane/<version>)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -43,6 +44,11 @@ build_kubernetes() {
 build_etcd() {
   (cd "$here/etcd" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/etcd" go.etcd.io/etcd/server/v3)
 }
+build_helm() {
+  (cd "$here/helm" && CGO_ENABLED=0 go build -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$helm_version" \
+    -o "$out/helm" helm.sh/helm/v4/cmd/helm)
+}
 need=()
 for bin in kube-apiserver kube-scheduler; do
   # rebuild when missing or built for another version
@@ -57,6 +63,12 @@ fi
 if [ ! -x "$out/etcd" ]; then
   echo "controlplane: building etcd into ${out}" >&2
   ticking etcd build_etcd
+fi
+helm_version="$(awk '/^require helm.sh\/helm\/v4 /{print $3}' "$here/helm/go.mod")"
+# rebuild when missing or built for another version
+if [ "$("$out/helm" version --template '{{.Version}}' 2>/dev/null)" != "$helm_version" ]; then
+  echo "controlplane: building helm ${helm_version} into ${out} (cold build: ~3 min on 2 cores)" >&2
+  ticking helm build_helm
 fi
 ls -l "$out" >&2
 echo "$out"
