@@ -1,0 +1,176 @@
+"""Every node's reason when no node takes a pod, cheaply (``Cluster.decide``'s no-fit answer).
+
+kube-scheduler asks again for an unschedulable pod on every cluster change and after each
+back-off, and wants one reason per node, not the device-level detail. So, above a few
+dozen candidates, a node that its per-type summary (``TypeState``: free devices, idle
+devices, largest free memory, largest free cores) already rules out gets a reason code
+from that summary in a few comparisons, with the codes of ``hami.core.fit``:
+
+=====================================  ==============================================
+the node or type is unknown            ``node unregistered`` (as the detailed path)
+the type is unavailable                its reason (as the detailed path)
+more devices asked than the node has   ``NodeInsufficientDevice: ...`` (as detailed)
+fewer free devices than asked          ``NodeInsufficientDevice``
+no free device has the memory          ``CardInsufficientMemory``
+no free device has the cores           ``CardInsufficientCore``
+whole devices asked, too few idle      ``ExclusiveDeviceAllocateConflict``
+=====================================  ==============================================
+
+A node the summaries allow (it was fitted in detail and failed, or is over the quota)
+gets the detailed reason. Small candidate sets get the detailed reason for every node:
+there it is cheap, and the device counts help whoever reads the Event. ``hami explain``
+always uses the detailed path (``Cluster.explain``).
+
+Answers are kept for identical requests while the cluster has not changed: the key is
+the cluster's generation (bumped on every node or pod-record change), the request's
+shape, the namespace's quota limits and the candidate names; a few entries at most.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
+from typing import Protocol
+
+from hami.core.fit import (
+    CARD_INSUFFICIENT_CORE,
+    CARD_INSUFFICIENT_MEMORY,
+    EXCLUSIVE_CONFLICT,
+    NODE_INSUFFICIENT_DEVICE,
+    NODE_UNREGISTERED,
+)
+from hami.core.requests import PodRequest
+
+# Up to this many candidates every node gets the detailed reason (about 20 us a node).
+DETAIL_NODES = 64
+CACHE_ENTRIES = 16
+
+Need = tuple[str, int, int, int, bool]  # type, count, memory (0: relative), cores, exclusive
+
+
+class TypeSummary(Protocol):
+    """What this module reads of ``hami.core.cluster.TypeState``."""
+
+    @property
+    def available(self) -> bool: ...
+    @property
+    def reason(self) -> str | None: ...
+    @property
+    def devices(self) -> Sequence[object]: ...
+    @property
+    def free_devices(self) -> int: ...
+    @property
+    def idle_devices(self) -> int: ...
+    @property
+    def max_free_memory(self) -> int: ...
+    @property
+    def max_free_cores(self) -> int: ...
+
+
+class NodeSummary(Protocol):
+    """What this module reads of ``hami.core.cluster.NodeState``."""
+
+    @property
+    def exists(self) -> bool: ...
+    @property
+    def types(self) -> Mapping[str, TypeSummary]: ...
+
+
+def summary_reason(node: NodeSummary | None, needs: Sequence[Need]) -> str | None:
+    """Why the node's summaries rule it out (the first need, in container order, that
+    they rule out), or None when they do not."""
+    if node is None or not node.exists:
+        return NODE_UNREGISTERED
+    types = node.types
+    for word, count, memory, cores, exclusive in needs:
+        state = types.get(word)
+        if state is None:
+            return NODE_UNREGISTERED
+        if not state.available:
+            return state.reason or "unavailable"  # what the type's view says (TypeView)
+        if count > len(state.devices):
+            return (
+                f"{NODE_INSUFFICIENT_DEVICE}: {count} {word} devices asked, "
+                f"node has {len(state.devices)}"
+            )
+        if state.free_devices < count:
+            return NODE_INSUFFICIENT_DEVICE
+        if state.max_free_memory < memory:
+            return CARD_INSUFFICIENT_MEMORY
+        if state.max_free_cores < cores:
+            return CARD_INSUFFICIENT_CORE
+        if exclusive and state.idle_devices < count:
+            return EXCLUSIVE_CONFLICT
+    return None
+
+
+def reasons(
+    nodes: Mapping[str, NodeSummary],
+    names: Iterable[str],
+    needs: Sequence[Need],
+    detail: Callable[[list[str]], Mapping[str, str]],
+) -> dict[str, str]:
+    """Every name's reason: the summary's where it rules the node out, else ``detail``'s
+    (called once, with the names the summaries allow)."""
+    answer: dict[str, str] = {}
+    allowed: list[str] = []
+    get = nodes.get
+    for name in names:
+        why = summary_reason(get(name), needs)
+        if why is None:
+            allowed.append(name)
+            answer[name] = ""  # keeps the candidates' order; filled in below
+        else:
+            answer[name] = why
+    if allowed:
+        answer.update(detail(allowed))
+    return answer
+
+
+def request_shape(request: PodRequest, device_policy: str) -> Hashable:
+    """Everything of the request a decision reads (not the pod's name or warnings)."""
+    return (
+        request.containers,
+        request.init_count,
+        tuple(sorted(request.selectors.items())),
+        request.node_policy,
+        device_policy,
+        request.weights,
+    )
+
+
+class NoFitCache:
+    """The latest no-fit answers, valid while the cluster's generation stays the same.
+
+    Answers are shared, not copied: callers must not change them.
+    """
+
+    def __init__(self, entries: int = CACHE_ENTRIES) -> None:
+        self.entries = entries
+        self.generation = -1
+        self._answers: OrderedDict[Hashable, dict[str, str]] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, generation: int, key: Hashable) -> dict[str, str] | None:
+        if generation != self.generation:
+            self._answers.clear()
+            self.generation = generation
+            return None
+        answer = self._answers.get(key)
+        if answer is not None:
+            self._answers.move_to_end(key)
+        return answer
+
+    def put(self, generation: int, key: Hashable, answer: dict[str, str]) -> None:
+        if generation != self.generation:
+            self._answers.clear()
+            self.generation = generation
+        self._answers[key] = answer
+        while len(self._answers) > self.entries:
+            self._answers.popitem(last=False)
+
+
+def candidates_key(candidates: Collection[str] | None) -> Hashable:
+    """The candidate set's identity: None (every node) or its names in order."""
+    return None if candidates is None else tuple(candidates)
