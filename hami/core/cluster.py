@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from hami.core import topology
+from hami.core import nofit, topology
 from hami.core.fit import BINPACK, NodeFit, NodeMiss, PairScores, TypeView, fit_pod
 from hami.core.quota import Quotas
 from hami.core.requests import DeviceKind, DeviceRequest, PodRequest, parse_quantity
@@ -184,6 +184,10 @@ class Cluster:
         self._clock: datetime | None = None  # the latest time passed in
         self._asc: list[tuple[float, str]] = []  # (utilisation, name): spread order
         self._desc: list[tuple[float, str]] = []  # (-utilisation, name): binpack order
+        # Bumped on every change a decision reads (nodes, views, records): no-fit answers
+        # are reused while it stays the same (hami.core.nofit).
+        self.generation = 0
+        self.no_fit = nofit.NoFitCache()
         # Nodes and pod keys whose state changed since a reader (the metrics cache) took
         # them; None until a reader installs a set, so nothing piles up unread.
         self.changed_nodes: set[str] | None = None
@@ -271,6 +275,7 @@ class Cluster:
             return
         if self.changed_nodes is not None:
             self.changed_nodes.add(name)
+        self.generation += 1
         self._unindex(node)
         if any(record.node == name for record in self.pods.values()):
             # Pods still name it: keep their usage, forget the devices.
@@ -322,6 +327,7 @@ class Cluster:
                 state.available, state.reason = False, reason
                 state.refresh_view()
                 node.views[word] = state.view
+                self.generation += 1
             return {}, changes
 
     def _decide_availability(
@@ -349,9 +355,11 @@ class Cluster:
                 state.available, state.reason = available, reason
                 state.refresh_view()
                 node.views[word] = state.view
+                self.generation += 1
             elif node.views.get(word) is not state.view:
                 state.refresh_view()
                 node.views[word] = state.view
+                self.generation += 1
         return writes, changes
 
     def _decide_keys(
@@ -377,6 +385,7 @@ class Cluster:
         return False, decisions[0][1].reason, stamps
 
     def _node_changed(self, node: NodeState) -> None:
+        self.generation += 1
         if self.changed_nodes is not None:
             self.changed_nodes.add(node.name)
         for word, state in node.types.items():
@@ -564,6 +573,7 @@ class Cluster:
             self._apply(record, 1)
 
     def _apply(self, record: PodRecord, sign: int) -> None:
+        self.generation += 1
         self.quotas.hold(record.key, record.usage, record.types, sign)
         node = self.nodes.get(record.node)
         if node is None:
@@ -647,9 +657,38 @@ class Cluster:
         if found:
             key, name, fit = min(found, key=lambda item: (item[0], item[1]))
             return Decision(name, fit, -key if binpack else key, evaluated=evaluated)
-        names = self.nodes.keys() if candidates is None else candidates
-        failed = self.explain(request, names, namespace=namespace)
+        failed = self._no_fit(request, candidates, needs, namespace)
         return Decision(None, failed=failed, evaluated=evaluated)
+
+    def _no_fit(
+        self,
+        request: PodRequest,
+        candidates: Collection[str] | None,
+        needs: tuple[Need, ...],
+        namespace: str | None,
+    ) -> dict[str, str]:
+        """Every candidate's reason when none fits (``hami.core.nofit``): shared, not to
+        be changed, and reused for the same request while nothing changes."""
+        names = self.nodes.keys() if candidates is None else candidates
+        limits = None
+        if namespace is not None:
+            limits = tuple((r.resource.name, r.limit) for r in self.quotas.status(namespace))
+        shape = nofit.request_shape(request, request.device_policy or self.device_policy)
+        key = (shape, limits, nofit.candidates_key(candidates))
+        failed = self.no_fit.get(self.generation, key)
+        if failed is not None:
+            return failed
+        if len(names) <= nofit.DETAIL_NODES:
+            failed = self.explain(request, names, namespace=namespace)
+        else:
+            failed = nofit.reasons(
+                self.nodes,
+                names,
+                needs,
+                lambda allowed: self.explain(request, allowed, namespace=namespace),
+            )
+        self.no_fit.put(self.generation, key, failed)
+        return failed
 
     def _quota_miss(self, namespace: str | None, fit: NodeFit) -> str | None:
         """Why ``fit`` would take the namespace over its quota, or None."""
