@@ -78,10 +78,10 @@ def read_region(dir_fd: int, name: str) -> CacheFile:
 def write_field(dir_fd: int, cache: CacheFile, field: str, value: int) -> None:
     """Set the int32 ``field`` (``utilization_switch`` or ``recent_kernel``) of the region
     read as ``cache``, if the file is still that region."""
-    layout = _LAYOUTS[cache.region.layout]
-    offset = getattr(layout, field)
-    if field not in ("utilization_switch", "recent_kernel") or offset % 4:
+    if field not in ("utilization_switch", "recent_kernel"):
         raise ValueError(f"not a feedback field: {field}")
+    layout = _LAYOUTS[cache.region.layout]
+    offset: int = getattr(layout, field)
     try:
         fd = os.open(cache.name, os.O_RDWR | _FILE_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
