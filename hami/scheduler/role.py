@@ -145,6 +145,9 @@ class SchedulerRole:
             work.append(("reflector-resourcequotas", quotas.run))
         if self.handshake_loop:
             work.append(("handshake", sched.handshake_loop))
+        recorder = sched.event_recorder()
+        if recorder is not None:
+            work.append(("events", recorder.run))
         await self._serve_all(work)
         self._group = asyncio.get_running_loop().create_task(
             self._run_group(work), name="scheduler-role"

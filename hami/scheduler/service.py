@@ -27,7 +27,6 @@ from hami.config import SchedulerConfig
 from hami.core.cluster import Cluster, Decision, PodRecord
 from hami.core.quota import QuotaStatus
 from hami.core.requests import DeviceKind, PodRequest, RequestError, parse_pod
-from hami.kube import events
 from hami.kube.client import Kube
 from hami.kube.nodelock import (
     OWN_LOCK,
@@ -38,6 +37,7 @@ from hami.kube.nodelock import (
 )
 from hami.kube.objects import annotations_of, metadata_of, pod_key
 from hami.kube.raw import Conflict, KubeError, NotFound
+from hami.kube.recorder import EventRecorder
 from hami.protocol import NodeLock, encode_pod_devices, keys, parse_lock
 from hami.scheduler.metrics import SchedulerMetrics
 
@@ -714,16 +714,24 @@ class Scheduler:
             _log.info("pod annotation not understood", pod=pod_key(pod), warning=message)
             self._event(pod, "PolicyIgnored", message, "Warning")
 
+    _recorder: EventRecorder | None = None
+
+    def event_recorder(self) -> EventRecorder | None:
+        """The one Event sender (folds repeats, rate-limits per pod); the role runs its
+        task. None when this scheduler emits no Events."""
+        if not self.emit_events or self.kube is None:
+            return None
+        if self._recorder is None:
+            self._recorder = EventRecorder(self.kube, registry=self.metrics.registry)
+        return self._recorder
+
     def _event(
         self, pod: Mapping[str, Any], reason: str, message: str, type_: str = "Normal"
     ) -> None:
-        if not self.emit_events or self.kube is None:
-            return
-        task = asyncio.get_running_loop().create_task(
-            events.emit_pod_event(self.kube, pod, reason, message, type_)
-        )
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        """Queue an Event: O(1), no I/O on the caller's path (``hami.kube.recorder``)."""
+        recorder = self.event_recorder()
+        if recorder is not None:
+            recorder.record(pod, reason, message, type_)
 
     def _event_ref(
         self,
@@ -738,9 +746,11 @@ class Scheduler:
         self._event(ref, reason, message, type_)
 
     async def drain(self) -> None:
-        """Wait for pending Event writes (shutdown, tests)."""
+        """Write pending Events now, folded counts included (shutdown, tests)."""
         if self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
+        if self._recorder is not None:
+            await self._recorder.flush()
 
 
 def quota_view(rows: Sequence[QuotaStatus]) -> Json:
