@@ -46,11 +46,24 @@ class HttpConfig:
 
 
 @dataclass(frozen=True)
+class MonitorConfig:
+    """The per-container usage monitor (docs/node.md "Usage monitor")."""
+
+    enabled: bool = True
+    # empty: the hamicore.containers_dir of each enabled backend (what Allocate mounts)
+    containers_dir: str = ""
+    scan_period: Duration = Duration(5)  # Go HAMi's feedback period
+    cleanup_grace: Duration = Duration(300)  # a gone pod's directory is removed after it
+    feedback: bool = True  # HAMi's priority feedback (utilization_switch, recent_kernel)
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     name: str = ""  # env NODE_NAME overrides
     register_period: Duration = Duration(30)
     device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
     http: HttpConfig = HttpConfig(port=9394)
+    monitor: MonitorConfig = MonitorConfig()
 
 
 @dataclass(frozen=True)
@@ -58,8 +71,34 @@ class WebhookConfig:
     enabled: bool = True
     address: str = "0.0.0.0"
     port: int = 9443
+    # self: the role makes its CA and serving certificate, keeps them in secret_name and
+    # patches configuration_name's caBundle; files / cert-manager: read cert_file, key_file
+    # (mounted from a Secret someone else writes), reloaded when they change.
+    tls_mode: str = "self"
     cert_file: str = "/etc/hami/tls/tls.crt"
     key_file: str = "/etc/hami/tls/tls.key"
+    secret_name: str = "hami-scheduler-webhook-tls"
+    namespace: str = ""  # empty: POD_NAMESPACE, else the service account's namespace
+    service_name: str = "hami-scheduler"  # the Service the webhook is reached through
+    configuration_name: str = "hami-webhook"  # the MutatingWebhookConfiguration
+    hosts: str = ""  # extra names/IPs for the certificate, comma separated
+    validity: Duration = Duration(365 * 24 * 3600)  # serving certificate; the CA lives 10x
+
+
+@dataclass(frozen=True)
+class LeaderElectionConfig:
+    """A coordination.k8s.io Lease decides which replica writes (docs/operations.md)."""
+
+    enabled: bool = False
+    lease_name: str = "hami-scheduler"
+    namespace: str = ""  # empty: POD_NAMESPACE, else the service account's namespace
+    identity: str = ""  # empty: POD_NAME, else the host name
+    lease_duration: Duration = Duration(15)
+    renew_deadline: Duration = Duration(10)
+    retry_period: Duration = Duration(2)
+    # "namespace/name" of kube-scheduler's Lease: lead only while this pod's kube-scheduler
+    # holds it (its holder is "<pod name>_<uuid>"); empty: hami's own Lease alone decides.
+    follow_kube_scheduler: str = ""
 
 
 @dataclass(frozen=True)
@@ -94,6 +133,8 @@ class SchedulerConfig:
     bind_lock_wait: Duration = Duration(20)  # below kube-scheduler's extender timeout
     allocation_timeout: Duration = Duration(60)  # a bound pod not allocated by then is failed
     decision_timeout: Duration = Duration(90)  # an unbound decision stops counting after it
+    # a filter decision (held in memory only) whose bind never comes is freed after it
+    reservation_timeout: Duration = Duration(30)
     node_policy: str = "binpack"  # binpack or spread
     device_policy: str = "spread"  # comma list: binpack, spread, numa, mutex, topology-aware
     # Enforce ResourceQuota limits.<device memory/cores resource> (hami.core.quota), as Go
@@ -102,6 +143,7 @@ class SchedulerConfig:
     http: HttpConfig = HttpConfig(port=9395)  # /healthz, /readyz, /metrics
     extender: ExtenderConfig = ExtenderConfig()
     webhook: WebhookConfig = WebhookConfig()
+    leader_election: LeaderElectionConfig = LeaderElectionConfig()
 
 
 @dataclass(frozen=True)
@@ -180,6 +222,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "log.format": ("auto", "json", "console"),
     "scheduler.node_policy": ("binpack", "spread"),
 }
+WEBHOOK_TLS_MODES = ("self", "files", "cert-manager")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
@@ -265,6 +308,8 @@ def _check(config: Config) -> None:
     _check_device_policy(config.scheduler.device_policy)
     for key, duration in (
         ("node.register_period", config.node.register_period),
+        ("node.monitor.scan_period", config.node.monitor.scan_period),
+        ("node.monitor.cleanup_grace", config.node.monitor.cleanup_grace),
         ("scheduler.handshake_period", config.scheduler.handshake_period),
         ("scheduler.handshake_timeout", config.scheduler.handshake_timeout),
         ("scheduler.node_lock_timeout", config.scheduler.node_lock_timeout),
@@ -277,6 +322,14 @@ def _check(config: Config) -> None:
             "config key scheduler.decision_timeout: must be longer than "
             "scheduler.bind_lock_wait (a pod being bound would lose its devices); "
             "keep it well above bind_lock_wait plus kube-scheduler's extender httpTimeout"
+        )
+    _check_webhook_and_election(config.scheduler)
+    if config.scheduler.reservation_timeout.seconds < config.scheduler.bind_lock_wait.seconds:
+        raise ConfigError(
+            "config key scheduler.reservation_timeout: must be at least "
+            "scheduler.bind_lock_wait (pods kube-scheduler is about to bind would lose their "
+            "devices sooner than a bind may wait for its node); keep it above the time "
+            "kube-scheduler takes from filter to bind (PreBind plugins such as volume binding)"
         )
     tls = config.scheduler.extender.tls
     if tls.enabled and not (tls.cert_file and tls.key_file and tls.client_ca_file):
@@ -295,6 +348,34 @@ def _check(config: Config) -> None:
                 f"config key backends.{name}.register_format: expected seed or json, "
                 f"got {backend.register_format!r}"
             )
+
+
+def _check_webhook_and_election(scheduler: SchedulerConfig) -> None:
+    hook = scheduler.webhook
+    if hook.tls_mode not in WEBHOOK_TLS_MODES:
+        raise ConfigError(
+            "config key scheduler.webhook.tls_mode: expected one of "
+            f"{', '.join(WEBHOOK_TLS_MODES)}, got {hook.tls_mode!r}"
+        )
+    if hook.validity.seconds < 10:
+        raise ConfigError("config key scheduler.webhook.validity: expected at least 10s")
+    election = scheduler.leader_election
+    for key in ("lease_duration", "renew_deadline", "retry_period"):
+        if getattr(election, key).seconds <= 0:
+            raise ConfigError(
+                f"config key scheduler.leader_election.{key}: expected a positive duration"
+            )
+    if not (
+        election.retry_period.seconds
+        < election.renew_deadline.seconds
+        < election.lease_duration.seconds
+    ):
+        raise ConfigError(
+            "config key scheduler.leader_election: expected retry_period < renew_deadline < "
+            "lease_duration (a leader must give up before a standby may take the lease), got "
+            f"{election.retry_period.seconds:g}s, {election.renew_deadline.seconds:g}s, "
+            f"{election.lease_duration.seconds:g}s"
+        )
 
 
 def _build(cls: type[Any], raw: Any, path: str) -> Any:

@@ -34,6 +34,7 @@ from hami.backends.base import BackendError
 from hami.core.requests import DeviceKind
 from hami.kube.client import Kube, KubeConfigError, open_client
 from hami.kube.reflector import Reflector
+from hami.scheduler import podinfo
 from hami.scheduler.http import (
     ClientCertTLS,
     ExtenderTLSError,
@@ -42,6 +43,8 @@ from hami.scheduler.http import (
     server_options,
     webhook_app,
 )
+from hami.scheduler.leader import LeaderElector, elector_for, mirror
+from hami.scheduler.selftls import SelfTLS
 from hami.scheduler.service import Clock, Scheduler
 from hami.scheduler.webhook import ReloadingTLS, WebhookTLSError
 
@@ -103,6 +106,8 @@ class SchedulerRole:
         self.webhook_url: str | None = None
         self.tls: ReloadingTLS | None = None
         self.extender_tls: ClientCertTLS | None = None
+        self.selftls: SelfTLS | None = None  # scheduler.webhook.tls_mode self
+        self.elector: LeaderElector | None = None  # scheduler.leader_election.enabled
         self.reflectors: list[Reflector] = []
         self._group: asyncio.Task[None] | None = None
         self._runners: list[web.AppRunner] = []
@@ -148,6 +153,10 @@ class SchedulerRole:
         recorder = sched.event_recorder()
         if recorder is not None:
             work.append(("events", recorder.run))
+        if settings.leader_election.enabled:
+            elector = self.elector = elector_for(self.kube, settings.leader_election, sched)
+            work.append(("leader-election", elector.run))
+            work.append(("leader-mirror", lambda: mirror(elector, sched)))
         await self._serve_all(work)
         self._group = asyncio.get_running_loop().create_task(
             self._run_group(work), name="scheduler-role"
@@ -190,7 +199,11 @@ class SchedulerRole:
         self.url = f"{scheme}://{_display(host)}:{port}"
         hook = settings.webhook
         if hook.enabled:
-            self.tls = ReloadingTLS(hook.cert_file, hook.key_file)
+            if hook.tls_mode == "self":
+                self.tls = await self._self_tls(work)
+            else:
+                self.tls = ReloadingTLS(hook.cert_file, hook.key_file)
+                work.append(("webhook-tls", lambda: _watch_tls(self.tls)))
             host, port = await self._serve(
                 webhook_app(sched, settings.scheduler_name),
                 hook.address,
@@ -198,7 +211,17 @@ class SchedulerRole:
                 ssl_context=self.tls.context,
             )
             self.webhook_url = f"https://{_display(host)}:{port}/webhook"
-            work.append(("webhook-tls", lambda: _watch_tls(self.tls)))
+
+    async def _self_tls(self, work: list[tuple[str, Work]]) -> ReloadingTLS:
+        hook = self.cfg.scheduler.webhook
+        try:
+            namespace = podinfo.namespace(hook.namespace, "scheduler.webhook.namespace")
+        except podinfo.PodInfoError as exc:
+            raise WebhookTLSError(f"webhook TLS (tls_mode self): {exc}") from None
+        self.selftls = SelfTLS(self.kube, hook, namespace)
+        tls = await self.selftls.start()
+        work.append(("webhook-certs", self.selftls.run))
+        return tls
 
     def not_ready(self) -> str | None:
         """Why the role must not be trusted now (``/readyz`` 503, ``/filter`` refuses)."""
@@ -243,6 +266,13 @@ class SchedulerRole:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await group
         await self.scheduler.drain()
+        if self.elector is not None:
+            # hand the Lease over now rather than after lease_duration
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(2):
+                    await self.elector.release()
+        if self.selftls is not None:
+            self.selftls.close()
         for runner in self._runners:
             await runner.cleanup()
         self._runners.clear()
@@ -339,7 +369,7 @@ async def main(cfg: config.Config) -> int:
     except RoleFailed as exc:
         _log.error("scheduler role failed; exiting so that it is restarted", error=str(exc))
         return 1
-    except (ExtenderTLSError, WebhookTLSError) as exc:
+    except (ExtenderTLSError, WebhookTLSError, podinfo.PodInfoError) as exc:
         _log.error("cannot start the scheduler", error=str(exc))
         return 2
     except KubeConfigError as exc:

@@ -324,6 +324,7 @@ class LocalCluster:
                 "enabled": True,
                 "address": "127.0.0.1",
                 "port": self.webhook_port,
+                "tls_mode": "files",  # a certificate of the test CA, written below
                 "cert_file": str(self.workdir / "webhook.crt"),
                 "key_file": str(self.workdir / "webhook.key"),
             }
