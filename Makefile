@@ -3,11 +3,12 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: help install controlplane lint test check demo proto bench gpu-check interop clean
+.PHONY: help install controlplane manifests lint test check demo proto bench gpu-check interop clean
 
 help:
 	@echo "install       create $(VENV) and install hami with its dev tools"
-	@echo "controlplane  build (or reuse) etcd, kube-apiserver and kube-scheduler for the tests"
+	@echo "controlplane  build (or reuse) etcd, kube-apiserver, kube-scheduler and helm for the tests"
+	@echo "manifests     render docker/manifests from the Helm chart charts/hami (needs helm: controlplane)"
 	@echo "lint          ruff, mypy and the layer contracts (import-linter)"
 	@echo "test          lint, then the whole test suite (needs the control plane binaries)"
 	@echo "demo          a local cluster with simulated GPU nodes, sample pods and a placement table"
@@ -26,6 +27,9 @@ install: $(BIN)/hami
 
 controlplane:
 	bash tests/controlplane/build.sh
+
+manifests: controlplane
+	bash scripts/gen-manifests.sh
 
 lint: install
 	$(BIN)/ruff check hami tests bench

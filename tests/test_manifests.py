@@ -1,5 +1,8 @@
 """The deploy manifests in docker/manifests against the real API server (server-side dry-run).
 
+They are the Helm chart's rendering (scripts/gen-manifests.sh; tests/test_chart.py fails
+while they differ from charts/hami), so these checks hold for the chart's defaults too.
+
 Schema mistakes, unknown fields (strict field validation) and bad references to config
 fail here instead of in an operator's cluster.
 """
