@@ -1,92 +1,276 @@
-"""Prometheus metrics of the scheduler role, in a registry of its own (one per instance).
+"""Prometheus metrics of the scheduler role (one set per instance).
 
-Device and availability gauges are read from the cluster state at scrape time, so they
-cost nothing between scrapes.
+Two kinds of series:
+
+- event counters and histograms (filter, bind, handshake...), kept by prometheus_client
+  in a registry of its own;
+- cluster gauges read from the cluster state: per device, per node, per pod container
+  and per namespace quota, in this project's names (``hami_device_*``) and in Go HAMi's
+  (``hami_gpu_*``, ``hami_node_gpu_*``, ``hami_vgpu_*``: same names, labels and units,
+  so its Grafana dashboard and HAMi-WebUI read them unchanged).
+
+At 5,000 nodes x 8 devices the gauges are over half a million lines; building them on
+every scrape took seconds on the event loop. So each node's and each pod's lines are
+rendered once, when the cluster reports that node or pod changed
+(``Cluster.changed_nodes``/``changed_pods``), and kept as bytes; a scrape re-renders what
+changed and joins the kept bytes, in slices that yield to the event loop in between
+(``write_to``). A node's lines are one consistent picture of that node.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import time
+import zlib
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
 
-from hami.core.cluster import Cluster
+from hami.core.cluster import Cluster, NodeState, PodRecord
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+MIB = 1024 * 1024
+# Go HAMi's scheduler registers its cluster collector with this constant label.
+ZONE = "vGPU"
+SLICE_SECONDS = 0.005  # work between two yields to the event loop during a scrape
+SLICE_ITEMS = 256  # nodes or pods joined per piece
+FLUSH_BYTES = 1 << 20  # pieces are written (and compressed) in about this much
 
 
-class _StateCollector:
+@dataclass(frozen=True, slots=True)
+class _Family:
+    name: str
+    help: str
+
+    def header(self) -> bytes:
+        return f"# HELP {self.name} {self.help}\n# TYPE {self.name} gauge\n".encode()
+
+
+# Per node: this project's names (labels model, node, type, uuid), then Go HAMi's.
+NODE_FAMILIES = (
+    _Family("hami_device_memory_allocated_mib", "Device memory held by pods and reservations, MiB"),
+    _Family("hami_device_memory_total_mib", "Schedulable device memory, MiB"),
+    _Family("hami_device_cores_allocated_percent", "Device compute held, percent of one device"),
+    _Family("hami_device_cores_total_percent", "Schedulable device compute (0: no core limiter)"),
+    _Family("hami_device_slots_allocated", "Containers sharing the device"),
+    _Family("hami_device_slots_total", "Split count: containers that may share the device"),
+    _Family("hami_device_healthy", "1 when the node reports the device healthy"),
+    _Family(
+        "hami_node_available",
+        "1 when the node's device type passes the handshake and its register parses",
+    ),
+    _Family("hami_gpu_memory_limit_bytes", "Device memory limit for a certain GPU"),
+    _Family("hami_gpu_core_limit_ratio", "Device core limit for a certain GPU"),
+    _Family("hami_gpu_memory_allocated_bytes", "Device memory allocated for a certain GPU"),
+    _Family("hami_gpu_shared_count", "Number of containers sharing this GPU"),
+    _Family("hami_gpu_core_allocated_ratio", "Device core allocated for a certain GPU"),
+    _Family("hami_node_gpu_overview", "GPU overview on a certain node"),
+    _Family(
+        "hami_node_gpu_memory_allocated_ratio", "GPU Memory Allocated Percentage on a certain GPU"
+    ),
+)
+# Per pod (Go HAMi's names): one line per container and device.
+POD_FAMILIES = (
+    _Family("hami_vgpu_memory_allocated_bytes", "vGPU memory allocated from a container"),
+    _Family("hami_vgpu_core_allocated_ratio", "vGPU core allocated from a container"),
+)
+
+
+def _esc(value: str) -> str:
+    """A label value as the exposition format writes it (annotations are untrusted)."""
+    if "\\" in value or '"' in value or "\n" in value:
+        return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return value
+
+
+def _num(value: float) -> str:
+    return repr(float(value))
+
+
+def render_node(node: NodeState) -> tuple[bytes, ...]:
+    """One node's lines of each of ``NODE_FAMILIES``."""
+    lines: list[list[str]]
+    (
+        own_mem,
+        own_mem_total,
+        own_cores,
+        own_cores_total,
+        own_slots,
+        own_slots_total,
+        own_healthy,
+        available,
+        go_mem_limit,
+        go_core_limit,
+        go_mem,
+        go_shared,
+        go_cores,
+        go_overview,
+        go_mem_ratio,
+    ) = lines = [[] for _ in NODE_FAMILIES]
+    node_name = _esc(node.name)
+    for word, state in node.types.items():
+        type_word = _esc(word)
+        available.append(
+            f'hami_node_available{{node="{node_name}",type="{type_word}"}} '
+            f"{1.0 if state.available else 0.0}\n"
+        )
+        for d in state.devices:
+            model, uuid = _esc(d.model), _esc(d.uuid)
+            own = f'{{model="{model}",node="{node_name}",type="{type_word}",uuid="{uuid}"}} '
+            own_mem.append(f"hami_device_memory_allocated_mib{own}{_num(d.used_memory)}\n")
+            own_mem_total.append(f"hami_device_memory_total_mib{own}{_num(d.total_memory)}\n")
+            own_cores.append(f"hami_device_cores_allocated_percent{own}{_num(d.used_cores)}\n")
+            own_cores_total.append(f"hami_device_cores_total_percent{own}{_num(d.total_cores)}\n")
+            own_slots.append(f"hami_device_slots_allocated{own}{_num(d.used)}\n")
+            own_slots_total.append(f"hami_device_slots_total{own}{_num(d.count)}\n")
+            own_healthy.append(f"hami_device_healthy{own}{1.0 if d.healthy else 0.0}\n")
+            # Go HAMi's labels: device_type is the register's type (the model word).
+            tail = f'device_type="{model}",device_uuid="{uuid}",node="{node_name}",zone="{ZONE}"}} '
+            go = f'{{device_index="{d.index}",{tail}'
+            cores = f'{{device_cores="{d.total_cores}",device_index="{d.index}",'
+            used_bytes = _num(d.used_memory * MIB)
+            go_mem_limit.append(f"hami_gpu_memory_limit_bytes{go}{_num(d.total_memory * MIB)}\n")
+            go_core_limit.append(f"hami_gpu_core_limit_ratio{go}{_num(d.total_cores)}\n")
+            go_mem.append(f"hami_gpu_memory_allocated_bytes{cores}{tail}{used_bytes}\n")
+            go_shared.append(f"hami_gpu_shared_count{go}{_num(d.used)}\n")
+            go_cores.append(f"hami_gpu_core_allocated_ratio{go}{_num(d.used_cores)}\n")
+            go_overview.append(
+                f'hami_node_gpu_overview{cores}device_memory_limit="{d.total_memory}",'
+                f"{tail}{used_bytes}\n"
+            )
+            if d.total_memory > 0:
+                go_mem_ratio.append(
+                    f"hami_node_gpu_memory_allocated_ratio{go}"
+                    f"{_num(d.used_memory / d.total_memory)}\n"
+                )
+    return tuple("".join(family).encode() for family in lines)
+
+
+def render_pod(record: PodRecord) -> tuple[bytes, ...]:
+    """One pod's lines of each of ``POD_FAMILIES``: per container (its index in the
+    device annotation, as Go HAMi counts) and device, what the decision gives it."""
+    namespace, _, name = record.key.partition("/")
+    held: dict[tuple[int, str], list[int]] = {}
+    for entries in record.assignment.values():
+        for index, devices in enumerate(entries):
+            for device in devices:
+                if device.uuid:
+                    total = held.setdefault((index, device.uuid), [0, 0])
+                    total[0] += device.memory
+                    total[1] += device.cores
+    memory: list[str] = []
+    cores: list[str] = []
+    pod = f'namespace="{_esc(namespace)}",node="{_esc(record.node)}",pod="{_esc(name)}"'
+    for (index, uuid), (mib, percent) in held.items():
+        labels = f'{{container_index="{index}",device_uuid="{_esc(uuid)}",{pod},zone="{ZONE}"}} '
+        memory.append(f"hami_vgpu_memory_allocated_bytes{labels}{_num(mib * MIB)}\n")
+        cores.append(f"hami_vgpu_core_allocated_ratio{labels}{_num(percent)}\n")
+    return "".join(memory).encode(), "".join(cores).encode()
+
+
+class ClusterText:
+    """The cluster gauges as exposition text, kept per node and per pod."""
+
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
+        self.nodes: dict[str, tuple[bytes, ...]] = {}
+        self.pods: dict[str, tuple[bytes, ...]] = {}
 
-    def collect(self) -> Iterator[Any]:
-        labels = ["node", "type", "uuid", "model"]
-        families = {
-            name: GaugeMetricFamily(f"hami_device_{name}", text, labels=labels)
-            for name, text in (
-                ("memory_allocated_mib", "Device memory held by pods and reservations, MiB"),
-                ("memory_total_mib", "Schedulable device memory, MiB"),
-                ("cores_allocated_percent", "Device compute held, percent of one device"),
-                ("cores_total_percent", "Schedulable device compute (0: no core limiter)"),
-                ("slots_allocated", "Containers sharing the device"),
-                ("slots_total", "Split count: containers that may share the device"),
-                ("healthy", "1 when the node reports the device healthy"),
+    def _take(self) -> tuple[list[str], list[str]]:
+        """Nodes and pods to re-render: all of them the first time, then what changed."""
+        cluster = self.cluster
+        nodes, pods = cluster.changed_nodes, cluster.changed_pods
+        cluster.changed_nodes, cluster.changed_pods = set(), set()
+        if nodes is None or pods is None:
+            self.nodes.clear()
+            self.pods.clear()
+            return list(cluster.nodes), list(cluster.pods)
+        return list(nodes), list(pods)
+
+    def _update_node(self, name: str) -> None:
+        node = self.cluster.nodes.get(name)
+        if node is None or not node.types:
+            self.nodes.pop(name, None)
+        else:
+            self.nodes[name] = render_node(node)
+
+    def _update_pod(self, key: str) -> None:
+        record = self.cluster.pods.get(key)
+        if record is None or not record.assignment:
+            self.pods.pop(key, None)
+        else:
+            self.pods[key] = render_pod(record)
+
+    def catch_up(self) -> None:
+        nodes, pods = self._take()
+        for name in nodes:
+            self._update_node(name)
+        for key in pods:
+            self._update_pod(key)
+
+    async def catch_up_async(self) -> None:
+        """``catch_up``, yielding to the event loop every ``SLICE_SECONDS``."""
+        nodes, pods = self._take()
+        deadline = time.perf_counter() + SLICE_SECONDS
+        for update, items in ((self._update_node, nodes), (self._update_pod, pods)):
+            for item in items:
+                update(item)
+                if time.perf_counter() > deadline:
+                    await asyncio.sleep(0)
+                    deadline = time.perf_counter() + SLICE_SECONDS
+
+    def pieces(self) -> Iterator[bytes]:
+        """The kept text, family by family, in pieces of ``SLICE_ITEMS`` nodes or pods.
+
+        The snapshot lists are taken first, so a change between two pieces shows in the
+        next scrape, never as half a node."""
+        for families, kept in (
+            (NODE_FAMILIES, list(self.nodes.values())),
+            (POD_FAMILIES, list(self.pods.values())),
+        ):
+            for position, family in enumerate(families):
+                yield family.header()
+                for start in range(0, len(kept), SLICE_ITEMS):
+                    yield b"".join(text[position] for text in kept[start : start + SLICE_ITEMS])
+        yield self._small()
+
+    def _small(self) -> bytes:
+        """Gauges with a few lines each: built per scrape."""
+        cluster = self.cluster
+        out = [
+            "# HELP hami_pods_holding_devices Pods (and reservations) counted\n",
+            "# TYPE hami_pods_holding_devices gauge\n",
+            f"hami_pods_holding_devices {_num(len(cluster.pods))}\n",
+        ]
+        # Go HAMi's names and labels: quota_name is the resource (nvidia.com/gpumem),
+        # limit the limit as written ("0" when none is set); used is in MiB or percent.
+        used = [
+            "# HELP hami_resource_quota_used Device memory (MiB) or cores (percent) held by"
+            " a namespace's pods\n# TYPE hami_resource_quota_used gauge\n"
+        ]
+        limit = [
+            "# HELP hami_resource_quota_limit ResourceQuota limits.<resource> of a namespace,"
+            " as written in the quota\n# TYPE hami_resource_quota_limit gauge\n"
+        ]
+        for row in cluster.quotas.rows():
+            labels = f'namespace="{_esc(row.namespace)}",quota_name="{_esc(row.resource.name)}"'
+            used.append(
+                f'hami_resource_quota_used{{limit="{row.limit or 0}",{labels}}} {_num(row.used)}\n'
             )
-        }
-        for row in self.cluster.rows():
-            d = row.device
-            values = [row.node, row.type_word, d.uuid, d.model]
-            families["memory_allocated_mib"].add_metric(values, d.used_memory)
-            families["memory_total_mib"].add_metric(values, d.total_memory)
-            families["cores_allocated_percent"].add_metric(values, d.used_cores)
-            families["cores_total_percent"].add_metric(values, d.total_cores)
-            families["slots_allocated"].add_metric(values, d.used)
-            families["slots_total"].add_metric(values, d.count)
-            families["healthy"].add_metric(values, 1 if d.healthy else 0)
-        yield from families.values()
-        available = GaugeMetricFamily(
-            "hami_node_available",
-            "1 when the node's device type passes the handshake and its register parses",
-            labels=["node", "type"],
-        )
-        for node, type_word, ok in self.cluster.availability():
-            available.add_metric([node, type_word], 1 if ok else 0)
-        yield available
-        pods = GaugeMetricFamily("hami_pods_holding_devices", "Pods (and reservations) counted")
-        pods.add_metric([], len(self.cluster.pods))
-        yield pods
-        yield from self._quotas()
-
-    def _quotas(self) -> Iterator[Any]:
-        """Go HAMi's names and labels (dashboards carry over): ``quota_name`` is the
-        resource (nvidia.com/gpumem), ``limit`` the limit as written in the ResourceQuota
-        ("0" when none is set); used is in MiB or percent."""
-        used = GaugeMetricFamily(
-            "hami_resource_quota_used",
-            "Device memory (MiB) or cores (percent) held by a namespace's pods",
-            labels=["namespace", "quota_name", "limit"],
-        )
-        limit = GaugeMetricFamily(
-            "hami_resource_quota_limit",
-            "ResourceQuota limits.<resource> of a namespace, as written in the quota",
-            labels=["namespace", "quota_name"],
-        )
-        for row in self.cluster.quotas.rows():
-            name = row.resource.name
-            used.add_metric([row.namespace, name, str(row.limit or 0)], row.used)
             if row.limit is not None:
-                limit.add_metric([row.namespace, name], row.limit)
-        yield used
-        yield limit
+                limit.append(f"hami_resource_quota_limit{{{labels}}} {_num(row.limit)}\n")
+        return "".join(out + used + limit).encode()
 
 
 class SchedulerMetrics:
     def __init__(self, cluster: Cluster) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_StateCollector(cluster))
+        self.cluster_text = ClusterText(cluster)
+        # False: leave the cluster gauges out (a replica that does not lead).
+        self.cluster_gauges = True
         self.filter_seconds = Histogram(
             "hami_filter_duration_seconds",
             "Time to answer an extender filter call, by outcome",
@@ -159,6 +343,56 @@ class SchedulerMetrics:
         for obj in ("node", "pod"):
             self.annotation_errors.labels(obj)
 
+    def _pieces(self) -> Iterable[bytes]:
+        yield generate_latest(self.registry)
+        if self.cluster_gauges:
+            yield from self.cluster_text.pieces()
+
     def render(self) -> bytes:
-        data: bytes = generate_latest(self.registry)
-        return data
+        """The whole exposition at once (tests, tools); the HTTP handler uses ``write_to``."""
+        if self.cluster_gauges:
+            self.cluster_text.catch_up()
+        return b"".join(self._pieces())
+
+    async def write_to(
+        self, write: Callable[[bytes], Awaitable[None]], *, gzip: bool = False
+    ) -> int:
+        """Write the exposition piece by piece, yielding to the event loop between
+        pieces so that filter and bind calls are never held up by a scrape; bytes sent.
+
+        With ``gzip`` the body is one gzip stream, compressed in a worker thread (zlib
+        lets go of the GIL while it works, so the loop runs meanwhile)."""
+        if self.cluster_gauges:
+            await self.cluster_text.catch_up_async()
+        packer = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS) if gzip else None
+        pending: list[bytes] = []
+        size = sent = 0
+        for piece in self._pieces():
+            pending.append(piece)
+            size += len(piece)
+            if size >= FLUSH_BYTES:
+                sent += await _send(write, packer, pending, final=False)
+                size = 0
+            await asyncio.sleep(0)
+        return sent + await _send(write, packer, pending, final=True)
+
+
+async def _send(
+    write: Callable[[bytes], Awaitable[None]],
+    packer: Any,
+    pending: list[bytes],
+    *,
+    final: bool,
+) -> int:
+    data = b"".join(pending)
+    pending.clear()
+    if packer is not None:
+        data = await asyncio.to_thread(_deflate, packer, data, final)
+    if data:
+        await write(data)
+    return len(data)
+
+
+def _deflate(packer: Any, data: bytes, final: bool) -> bytes:
+    out: bytes = packer.compress(data)
+    return out + packer.flush() if final else out
