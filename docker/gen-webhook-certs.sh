@@ -18,4 +18,4 @@ openssl x509 -req -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 825
 echo "# install:"
 echo "kubectl -n ${ns} create secret tls ${svc}-tls --cert=$PWD/tls.crt --key=$PWD/tls.key"
 echo "kubectl patch mutatingwebhookconfiguration hami-webhook --type=json -p \\"
-echo "  '[{\"op\":\"replace\",\"path\":\"/webhooks/0/clientConfig/caBundle\",\"value\":\"$(base64 -w0 ca.crt)\"}]'"
+echo "  '[{\"op\":\"add\",\"path\":\"/webhooks/0/clientConfig/caBundle\",\"value\":\"$(base64 -w0 ca.crt)\"}]'"

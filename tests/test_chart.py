@@ -198,8 +198,12 @@ def test_defaults_render_the_deployment() -> None:
     assert sched["leaderElection"] == {
         "leaderElect": True,
         "resourceNamespace": "hami-system",
-        "resourceName": "hami-scheduler",
+        "resourceName": "hami-kube-scheduler",
     }
+    # hami's own Lease, held only while this pod's kube-scheduler leads (docs/operations.md)
+    election = hami_cfg.scheduler.leader_election
+    assert (election.enabled, election.lease_name) == (True, "hami-scheduler")
+    assert election.follow_kube_scheduler == "hami-system/hami-kube-scheduler"
     deployment = objs[("Deployment", "hami-scheduler")]["spec"]
     assert deployment["replicas"] == 2
     spec = deployment["template"]["spec"]
@@ -236,6 +240,10 @@ def test_hami_style_values_carry_over() -> None:
     assert (backend.split_count, backend.memory_scaling, backend.core_scaling) == (4, 1.5, 2)
     assert sched["leaderElection"]["leaderElect"] is True
     assert sched["leaderElection"]["resourceNamespace"] == namespace
+    kube_lease = f"{namespace}/{sched['leaderElection']['resourceName']}"
+    assert hami_cfg.scheduler.leader_election.follow_kube_scheduler == kube_lease
+    assert hami_cfg.scheduler.leader_election.lease_name == "vgpu-hami-scheduler"
+    assert hami_cfg.scheduler.webhook.configuration_name == "vgpu-hami-webhook"
     deployment = objs[("Deployment", "vgpu-hami-scheduler")]["spec"]
     assert deployment["replicas"] == 3
     spec = deployment["template"]["spec"]
@@ -266,8 +274,9 @@ def test_hami_style_values_carry_over() -> None:
 
 def test_without_leader_election_one_replica_is_recreated() -> None:
     docs = render("--set", "scheduler.leaderElect=false", "--set", "scheduler.replicas=3")
-    _, sched = configs(docs)
+    hami_cfg, sched = configs(docs)
     assert sched["leaderElection"]["leaderElect"] is False
+    assert hami_cfg.scheduler.leader_election.enabled is False
     deployment = by_key(docs)[("Deployment", "hami-scheduler")]["spec"]
     assert deployment["replicas"] == 1
     assert deployment["strategy"] == {"type": "Recreate"}
@@ -290,11 +299,15 @@ def test_self_provisioned_certificate_has_just_the_rights_it_needs() -> None:
     (webhooks,) = _rules(objs[("ClusterRole", "hami-scheduler")], "mutatingwebhookconfigurations")
     assert webhooks["resourceNames"] == ["hami-webhook"]
     assert sorted(webhooks["verbs"]) == ["get", "patch"]
-    volume = next(
-        v for v in pod_spec(list(objs.values()), "Deployment", "hami-scheduler")["volumes"]
-        if v["name"] == "tls"
-    )  # fmt: skip
-    assert volume["secret"] == {"secretName": "hami-scheduler-tls", "optional": True}
+    hami_cfg, _ = configs(list(objs.values()))
+    hook = hami_cfg.scheduler.webhook
+    assert hook.tls_mode == "self"
+    assert (hook.secret_name, hook.configuration_name) == ("hami-scheduler-tls", "hami-webhook")
+    assert ("Service", hook.service_name) in objs
+    spec = pod_spec(list(objs.values()), "Deployment", "hami-scheduler")
+    # nothing mounted: it reads its Secret through the API and writes its files to /tmp
+    assert "tls" not in {v["name"] for v in spec["volumes"]}
+    assert "/tmp" in {m["mountPath"] for m in container(spec, "hami")["volumeMounts"]}
     assert not [k for k in objs if k[0] in ("Certificate", "Issuer")]
 
 
@@ -313,10 +326,13 @@ def test_cert_manager_makes_the_certificate_instead() -> None:
     # the scheduler needs no rights on Secrets or the webhook then
     assert not _rules(objs[("Role", "hami-scheduler")], "secrets")
     assert not _rules(objs[("ClusterRole", "hami-scheduler")], "mutatingwebhookconfigurations")
-    volume = next(
-        v for v in pod_spec(docs, "Deployment", "hami-scheduler")["volumes"] if v["name"] == "tls"
-    )
-    assert volume["secret"]["optional"] is False
+    hami_cfg, _ = configs(docs)
+    assert hami_cfg.scheduler.webhook.tls_mode == "cert-manager"
+    spec = pod_spec(docs, "Deployment", "hami-scheduler")
+    volume = next(v for v in spec["volumes"] if v["name"] == "tls")
+    assert volume["secret"] == {"secretName": "hami-scheduler-tls"}
+    mounts = {m["name"]: m["mountPath"] for m in container(spec, "hami")["volumeMounts"]}
+    assert mounts["tls"] == str(Path(hami_cfg.scheduler.webhook.cert_file).parent)
 
 
 def test_dashboards_config_map_has_the_grafana_sidecar_label(tmp_path: Path) -> None:

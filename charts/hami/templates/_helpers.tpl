@@ -21,6 +21,8 @@
 {{- define "hami.config" -}}{{ include "hami.fullname" . }}-config{{- end -}}
 {{- define "hami.kubeSchedulerConfig" -}}{{ include "hami.fullname" . }}-kube-scheduler{{- end -}}
 {{- define "hami.webhook" -}}{{ include "hami.fullname" . }}-webhook{{- end -}}
+{{/* kube-scheduler's Lease; hami's own is named like the scheduler and follows it. */}}
+{{- define "hami.kubeSchedulerLease" -}}{{ include "hami.fullname" . }}-kube-scheduler{{- end -}}
 {{/* The webhook's serving certificate: the scheduler's own, or cert-manager's. */}}
 {{- define "hami.tlsSecret" -}}{{ include "hami.scheduler" . }}-tls{{- end -}}
 
@@ -128,8 +130,16 @@ imagePullSecrets:
       "enabled" $v.scheduler.admissionWebhook.enabled
       "address" "0.0.0.0"
       "port" 9443
+      "tls_mode" (ternary "cert-manager" "self" $v.scheduler.certManager.enabled)
+      "secret_name" (include "hami.tlsSecret" .)
+      "service_name" (include "hami.scheduler" .)
+      "configuration_name" (include "hami.webhook" .)
       "cert_file" "/etc/hami/tls/tls.crt"
-      "key_file" "/etc/hami/tls/tls.key"))
+      "key_file" "/etc/hami/tls/tls.key")
+    "leader_election" (dict
+      "enabled" $v.scheduler.leaderElect
+      "lease_name" (include "hami.scheduler" .)
+      "follow_kube_scheduler" (printf "%s/%s" (include "hami.namespace" .) (include "hami.kubeSchedulerLease" .))))
   "backends" (dict
     "nvidia" (dict
       "enabled" true
