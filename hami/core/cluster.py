@@ -15,7 +15,7 @@ order and stops after the first few that fit (see ``decide``).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -636,6 +636,10 @@ class Cluster:
             if over is not None:
                 names = self.nodes.keys() if candidates is None else candidates
                 return Decision(None, failed=dict.fromkeys(names, over))
+        no_fit_key = self._no_fit_key(request, candidates, namespace)
+        known = self.no_fit.get(self.generation, no_fit_key)
+        if known is not None:
+            return Decision(None, failed=known)  # asked before, and nothing changed since
         node_policy = request.node_policy or self.node_policy
         device_policy = request.device_policy or self.device_policy
         needs = _needs(request)
@@ -657,7 +661,7 @@ class Cluster:
         if found:
             key, name, fit = min(found, key=lambda item: (item[0], item[1]))
             return Decision(name, fit, -key if binpack else key, evaluated=evaluated)
-        failed = self._no_fit(request, candidates, needs, namespace)
+        failed = self._no_fit(request, candidates, needs, namespace, no_fit_key)
         return Decision(None, failed=failed, evaluated=evaluated)
 
     def _no_fit(
@@ -666,18 +670,12 @@ class Cluster:
         candidates: Collection[str] | None,
         needs: tuple[Need, ...],
         namespace: str | None,
+        key: Hashable,
     ) -> dict[str, str]:
         """Every candidate's reason when none fits (``hami.core.nofit``): shared, not to
-        be changed, and reused for the same request while nothing changes."""
+        be changed, and kept for the same question (``key``) while nothing changes."""
         names = self.nodes.keys() if candidates is None else candidates
-        limits = None
-        if namespace is not None:
-            limits = tuple((r.resource.name, r.limit) for r in self.quotas.status(namespace))
-        shape = nofit.request_shape(request, request.device_policy or self.device_policy)
-        key = (shape, limits, nofit.candidates_key(candidates))
-        failed = self.no_fit.get(self.generation, key)
-        if failed is not None:
-            return failed
+        failed: dict[str, str]
         if len(names) <= nofit.DETAIL_NODES:
             failed = self.explain(request, names, namespace=namespace)
         else:
@@ -689,6 +687,16 @@ class Cluster:
             )
         self.no_fit.put(self.generation, key, failed)
         return failed
+
+    def _no_fit_key(
+        self, request: PodRequest, candidates: Collection[str] | None, namespace: str | None
+    ) -> Hashable:
+        """What a no-fit answer depends on besides the generation."""
+        limits = None
+        if namespace is not None:
+            limits = tuple((r.resource.name, r.limit) for r in self.quotas.status(namespace))
+        shape = nofit.request_shape(request, request.device_policy or self.device_policy)
+        return (shape, limits, nofit.candidates_key(candidates))
 
     def _quota_miss(self, namespace: str | None, fit: NodeFit) -> str | None:
         """Why ``fit`` would take the namespace over its quota, or None."""

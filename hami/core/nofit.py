@@ -28,7 +28,7 @@ shape, the namespace's quota limits and the candidate names; a few entries at mo
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from typing import Protocol
 
@@ -149,6 +149,7 @@ class NoFitCache:
         self.entries = entries
         self.generation = -1
         self._answers: OrderedDict[Hashable, dict[str, str]] = OrderedDict()
+        self._counts: deque[tuple[Mapping[str, str], Counter[str]]] = deque(maxlen=entries)
         self.hits = 0
         self.misses = 0
 
@@ -169,6 +170,22 @@ class NoFitCache:
         self._answers[key] = answer
         while len(self._answers) > self.entries:
             self._answers.popitem(last=False)
+
+    def reason_counts(self, failed: Mapping[str, str]) -> Counter[str]:
+        """How many nodes give each reason in ``failed``: counted once per answer (a
+        repeated no-fit's metrics and message cost nothing per node)."""
+        for answer, counts in self._counts:
+            if answer is failed:
+                return counts
+        counts = Counter(failed.values())
+        self._counts.append((failed, counts))
+        return counts
+
+
+def summary_message(counts: Mapping[str, int]) -> str:
+    """``0/3 nodes are available: 2 handshake timed out, 1 CardInsufficientMemory``."""
+    parts = [f"{n} {reason}" for reason, n in sorted(counts.items(), key=lambda i: (-i[1], i[0]))]
+    return f"0/{sum(counts.values())} nodes are available: " + "; ".join(parts)
 
 
 def candidates_key(candidates: Collection[str] | None) -> Hashable:

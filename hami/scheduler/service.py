@@ -24,6 +24,7 @@ from typing import Any
 
 from hami import log
 from hami.config import SchedulerConfig
+from hami.core import nofit
 from hami.core.cluster import Cluster, Decision, PodRecord
 from hami.core.quota import QuotaStatus
 from hami.core.requests import DeviceKind, PodRequest, RequestError, parse_pod
@@ -69,9 +70,7 @@ def reason_codes(reason: str) -> list[str]:
 
 def summarise_failures(failed: Mapping[str, str]) -> str:
     """``0/3 nodes are available: 2 handshake timed out, 1 2/4 CardInsufficientMemory``."""
-    counts = Counter(failed.values())
-    parts = [f"{n} {reason}" for reason, n in sorted(counts.items(), key=lambda i: (-i[1], i[0]))]
-    return f"0/{len(failed)} nodes are available: " + "; ".join(parts)
+    return nofit.summary_message(Counter(failed.values()))
 
 
 class BindError(Exception):
@@ -365,10 +364,12 @@ class Scheduler:
         if decision.node is None or fit is None:
             self.cluster.rollback(key, earlier)
             self.metrics.decision_seconds.observe(time.perf_counter() - began)
-            for reason in decision.failed.values():
+            # counted once per no-fit answer, which the cluster reuses while nothing changes
+            counts = self.cluster.no_fit.reason_counts(decision.failed)
+            for reason, nodes in counts.items():
                 for code in reason_codes(reason):
-                    self.metrics.node_rejections.labels(code).inc()
-            message = summarise_failures(decision.failed)
+                    self.metrics.node_rejections.labels(code).inc(nodes)
+            message = nofit.summary_message(counts)
             _log.debug("no node fits", pod=key, summary=message)
             self._event(pod, "FilteringFailed", message, "Warning")
             return {"NodeNames": [], "FailedNodes": decision.failed, "Error": ""}, "unschedulable"
@@ -407,13 +408,14 @@ class Scheduler:
         their holder may have lost its Allocate, and binds there would wait and fail."""
         now = self.clock.now()
         namespace = key.partition("/")[0]
+        # Only the nodes with a lock are looked at (few), not every candidate.
         busy = {
             name
-            for name in names
-            if held_longer_than(
-                self._node_locks.get(name), now, self.lock_rules, self.lock_busy_after, key
-            )
+            for name, lock in self._node_locks.items()
+            if held_longer_than(lock, now, self.lock_rules, self.lock_busy_after, key)
         }
+        if busy:
+            busy.intersection_update(names)
         if busy:
             decision = self.cluster.decide(
                 request, [n for n in names if n not in busy], namespace=namespace
