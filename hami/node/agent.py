@@ -10,6 +10,7 @@
 Tasks, all under one ``asyncio.TaskGroup`` (each named, each failure logged at once):
 
 - ``http``: ``/healthz`` and ``/metrics``;
+- ``monitor``: per-container usage from HAMi-core's files (``hami.node.monitor``);
 - per backend with devices: ``register[{name}]`` (the Node annotations),
   ``device-plugin[{name}]`` (gRPC server + kubelet registration watcher) and
   ``health[{name}]`` (the backend's health events).
@@ -28,6 +29,7 @@ from hami.backends import registry
 from hami.backends.base import Backend, BackendError
 from hami.kube.raw import PATIENT_RETRY, RetryPolicy
 from hami.node import http
+from hami.node import monitor as usage
 from hami.node.allocate import Allocator, NodeKube
 from hami.node.metrics import NodeMetrics
 from hami.node.plugin import PluginServer
@@ -98,6 +100,7 @@ class NodeAgent:
         self.registrars: dict[str, Registrar] = {}
         self.plugins: dict[str, PluginServer] = {}
         self.allocator: Allocator | None = None
+        self.monitor: usage.UsageMonitor | None = None
         self.log = _log.bind(role="node", node=self.node)
         self._stop = asyncio.Event()
         self._ready = asyncio.Event()
@@ -169,6 +172,19 @@ class NodeAgent:
                 try:
                     async with asyncio.TaskGroup() as tg:
                         tg.create_task(self._wait_stop(), name="stop")
+                        # per-container usage, cleanup and priority feedback (HAMi-core files)
+                        self.monitor = usage.create(
+                            self.cfg.node.monitor,
+                            self.node,
+                            kube,
+                            backends.values(),
+                            self.metrics,
+                            cache=getattr(self, "cache", None),
+                        )
+                        if self.monitor is not None:
+                            tg.create_task(
+                                self._logged("monitor", self.monitor.run()), name="monitor"
+                            )
                         if self.serve_http:
                             runner, self.http_port = await http.start(
                                 http.make_app(self.metrics, self.status),
