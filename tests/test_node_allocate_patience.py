@@ -90,6 +90,9 @@ async def flaky_cluster(
                     device_plugin_dir=str(plugins),
                     serve_http=False,
                     kubelet_poll=0.05,
+                    # this server answers no watches: Allocate reads it, as it does whenever
+                    # the agent's watches are not current (tests/test_node_informer.py)
+                    watch_pods=False,
                 )
                 task = asyncio.create_task(agent.run())
                 try:

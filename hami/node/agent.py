@@ -10,7 +10,8 @@
 Tasks, all under one ``asyncio.TaskGroup`` (each named, each failure logged at once):
 
 - ``http``: ``/healthz`` and ``/metrics``;
-- ``monitor``: per-container usage from HAMi-core's files (``hami.node.monitor``);
+- ``pod-cache``: watches of this Node and of the pods bound to it, which ``Allocate``
+  reads instead of the API server (``hami.node.podcache``; not with an in-memory client);
 - per backend with devices: ``register[{name}]`` (the Node annotations),
   ``device-plugin[{name}]`` (gRPC server + kubelet registration watcher) and
   ``health[{name}]`` (the backend's health events).
@@ -22,19 +23,21 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from hami import config, log
 from hami.backends import registry
 from hami.backends.base import Backend, BackendError
 from hami.kube.raw import PATIENT_RETRY, RetryPolicy
 from hami.node import http
-from hami.node import monitor as usage
 from hami.node.allocate import Allocator, NodeKube
 from hami.node.metrics import NodeMetrics
 from hami.node.plugin import PluginServer
 from hami.node.registration import Registrar
 from hami.node.state import DeviceState
+
+if TYPE_CHECKING:
+    from hami.node.podcache import NodeCache
 
 _log = log.get(__name__)
 T = TypeVar("T")
@@ -69,6 +72,7 @@ class NodeAgent:
         min_backoff: float = 1.0,
         lock_timeout: float | None = None,
         now: Callable[[], datetime] | None = None,
+        watch_pods: bool = True,
     ) -> None:
         self.cfg = cfg
         self.node = node_name or cfg.node.name
@@ -100,7 +104,8 @@ class NodeAgent:
         self.registrars: dict[str, Registrar] = {}
         self.plugins: dict[str, PluginServer] = {}
         self.allocator: Allocator | None = None
-        self.monitor: usage.UsageMonitor | None = None
+        self.watch_pods = watch_pods
+        self.cache: NodeCache | None = None
         self.log = _log.bind(role="node", node=self.node)
         self._stop = asyncio.Event()
         self._ready = asyncio.Event()
@@ -138,7 +143,14 @@ class NodeAgent:
                 "last_registration": last.isoformat() if last else None,
                 "registration_failures": registrar.failures if registrar else 0,
             }
-        return {"node": self.node, "backends": backends}
+        out: dict[str, Any] = {"node": self.node, "backends": backends}
+        if self.cache is not None:
+            # Allocate reads the API server while the watches are not current: slower, not
+            # wrong, so this is reported here and does not fail the probe
+            out["pod_cache"] = self.cache.status()
+        if self.allocator is not None:
+            out["allocate_reads"] = dict(self.allocator.served)
+        return out
 
     async def run(self) -> None:
         """Run until ``stop()`` (or cancellation). Raises on a fatal error."""
@@ -153,12 +165,15 @@ class NodeAgent:
                     kube = await stack.enter_async_context(open_client(self._kubeconfig))
                 # kubelet waits for Allocate without a deadline and a pod whose Allocate
                 # fails is Failed for good: its calls wait out a short API server outage
+                patient = kube.with_retry(PATIENT_RETRY)
+                self.cache = self._make_cache(kube, patient)
                 self.allocator = Allocator(
                     self.node,
-                    kube.with_retry(PATIENT_RETRY),
+                    patient,
                     lock_timeout=self.lock_timeout,
                     allocation_timeout=self.allocation_timeout,
                     now=self.now,
+                    cache=self.cache,
                 )
                 backends = self._given
                 if backends is None:
@@ -172,18 +187,9 @@ class NodeAgent:
                 try:
                     async with asyncio.TaskGroup() as tg:
                         tg.create_task(self._wait_stop(), name="stop")
-                        # per-container usage, cleanup and priority feedback (HAMi-core files)
-                        self.monitor = usage.create(
-                            self.cfg.node.monitor,
-                            self.node,
-                            kube,
-                            backends.values(),
-                            self.metrics,
-                            cache=getattr(self, "cache", None),
-                        )
-                        if self.monitor is not None:
+                        if self.cache is not None:
                             tg.create_task(
-                                self._logged("monitor", self.monitor.run()), name="monitor"
+                                self._logged("pod-cache", self.cache.run()), name="pod-cache"
                             )
                         if self.serve_http:
                             runner, self.http_port = await http.start(
@@ -208,6 +214,16 @@ class NodeAgent:
             self._done.set()
 
     # ------------------------------------------------------------------ internals
+
+    def _make_cache(self, kube: AgentKube, patient: NodeKube) -> NodeCache | None:
+        """The watches Allocate reads, for a real API client (an in-memory one has none);
+        the lock release goes through ``patient``, the Allocator's client."""
+        from hami.kube.client import Kube
+        from hami.node.podcache import NodeCache
+
+        if not self.watch_pods or not isinstance(kube, Kube) or not isinstance(patient, Kube):
+            return None
+        return NodeCache(kube, self.node, writer=patient)
 
     def _create_backends(self) -> dict[str, Backend]:
         created: dict[str, Backend] = {}

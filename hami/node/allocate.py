@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hami import log
 from hami.backends.base import (
@@ -40,6 +40,9 @@ from hami.protocol import (
 )
 from hami.protocol.keys import BindPhase
 from hami.protocol.nodelock import DEFAULT_LOCK_TIMEOUT, parse_unix_time
+
+if TYPE_CHECKING:  # the watches' module imports the Kubernetes client; the pure parts do not
+    from hami.node.podcache import NodeCache
 
 _log = log.get(__name__)
 
@@ -392,8 +395,12 @@ class Allocator:
         lock_timeout: timedelta = DEFAULT_LOCK_TIMEOUT,
         allocation_timeout: timedelta = DEFAULT_ALLOCATION_TIMEOUT,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        cache: NodeCache | None = None,
     ) -> None:
         self.node = node
+        # the Node and its pods from watches: Allocate reads them instead of the API server
+        # where that is safe (_find_cached), and the API server otherwise
+        self.cache = cache
         # kubelet waits for Allocate without a deadline and a pod whose Allocate fails is
         # Failed for good: the node agent hands a client with a patient retry policy
         # (PATIENT_RETRY), so a short API server outage is waited out, not passed on
@@ -403,8 +410,13 @@ class Allocator:
         self.rules = LockRules(lock_timeout, allocation_timeout)
         self.now = now
         self.log = _log.bind(role="node", node=node)
+        # where each Allocate/GetPreferredAllocation found its pod: the watches or the API
+        self.served = {"cache": 0, "api": 0}
 
     async def _find(self, backend: Backend) -> tuple[Pod | None, Mapping[str, Any]]:
+        """The pod from the API server: the Node (its lock), the lock's pod, else the
+        pending pods of this node."""
+        self.served["api"] += 1
         node = await self.kube.get_node(self.node)
         lock = parse_lock(annotations_of(node).get(keys.NODE_LOCK))
         lock_pod: Pod | None = None
@@ -419,9 +431,38 @@ class Allocator:
         # None: the lock's pod was just ruled out; choose_pod would decode it again.
         return choose_pod(self.node, backend.to_allocate_key, None, candidates), node
 
+    def _find_cached(self, backend: Backend) -> tuple[Pod, str] | None:
+        """The pod and the lock value from the watches, where they cannot be ambiguous: both
+        watches listed and open, the Node's live lock names a pod that waits here for this
+        backend, and no other pod does. None: read the API server (``_find``).
+
+        The watches may lag by a few events; what a lag could still get wrong (a decision
+        changed since) is caught by the pod write, guarded by the pod's resourceVersion."""
+        cache = self.cache
+        if cache is None or cache.not_current() is not None or cache.node_object is None:
+            return None
+        value = annotations_of(cache.node_object).get(keys.NODE_LOCK)
+        view = judge_value(value, self.now(), self.rules)
+        lock = view.lock
+        if value is None or view.free or lock is None or lock.owner is None:
+            return None  # no lock, a stale one, or a legacy one: which pod is not certain
+        key = backend.to_allocate_key
+        pod = cache.pod(lock.namespace, lock.pod)
+        if pod is None or not metadata_of(pod).get("resourceVersion"):
+            return None
+        if not is_candidate(pod, self.node, key):
+            return None
+        if any(other is not pod and is_candidate(other, self.node, key) for other in cache.pods()):
+            return None  # another pod waits too: let the API server's picture decide
+        return pod, value
+
     async def preferred(self, backend: Backend) -> list[str] | None:
         """The uuids the scheduler chose for the next container, None when unknown."""
         async with self.lock:
+            cached = self._find_cached(backend)
+            if cached is not None:
+                self.served["cache"] += 1
+                return pending_uuids(cached[0], backend)
             try:
                 pod, _ = await self._find(backend)
             except Exception as exc:
@@ -433,7 +474,49 @@ class Allocator:
         self, backend: Backend, requested: Sequence[int], node_devices: Sequence[Device]
     ) -> AllocationPlan:
         async with self.lock:
+            cached = self._find_cached(backend)
+            if cached is not None:
+                plan = await self._allocate_cached(*cached, backend, requested, node_devices)
+                if plan is not None:
+                    return plan
             return await self._allocate(backend, requested, node_devices)
+
+    async def _allocate_cached(
+        self,
+        pod: Pod,
+        lock_value: str,
+        backend: Backend,
+        requested: Sequence[int],
+        node_devices: Sequence[Device],
+    ) -> AllocationPlan | None:
+        """Allocate for the pod the watches gave: one pod write guarded by the resourceVersion
+        the watch saw, and on the last container one lock release guarded by the lock value.
+        None (nothing written) when anything goes otherwise: the caller reads the API server
+        and decides as before, failing the pod only on what it read there."""
+        ref = pod_ref(pod)
+        meta = metadata_of(pod)
+        try:
+            plan = plan_allocation(pod, backend, requested, node_devices)
+            for container in plan.containers:
+                for path in container.allocation.host_dirs:
+                    await asyncio.to_thread(_make_dir, path)
+            answer = await self.kube.patch_pod_annotations(
+                meta["namespace"], meta["name"], plan.annotations, meta.get("resourceVersion")
+            )
+        except Conflict:
+            self.log.debug("cached_pod_outdated", pod=ref)
+            return None
+        except Exception as exc:
+            self.log.debug("cached_allocation_fell_back", pod=ref, error=str(exc))
+            return None
+        self.served["cache"] += 1
+        self._remember(answer)
+        if plan.done:
+            assert self.cache is not None
+            if not await self.cache.release_lock(lock_value):
+                await self._release_lock(ref)
+        self._allocated(plan, backend, "watch")
+        return plan
 
     async def _allocate(
         self, backend: Backend, requested: Sequence[int], node_devices: Sequence[Device]
@@ -462,21 +545,33 @@ class Allocator:
             raise AllocateError(f"cannot create host directory: {exc}", ref) from None
         meta = metadata_of(pod)
         try:
-            await self.kube.patch_pod_annotations(meta["namespace"], meta["name"], plan.annotations)
+            answer = await self.kube.patch_pod_annotations(
+                meta["namespace"], meta["name"], plan.annotations
+            )
         except Exception as exc:
             cause = f"cannot write {backend.to_allocate_key}: {exc}"
             await self._fail(pod, cause)
             raise AllocateError(cause, ref) from None
+        self._remember(answer)
         if plan.done:
             await self._release_lock(ref, known=node)
+        self._allocated(plan, backend, "api")
+        return plan
+
+    def _remember(self, answer: Any) -> None:
+        """Keep the pod our write produced, so the next container plans from it."""
+        if self.cache is not None and isinstance(answer, Mapping) and answer.get("metadata"):
+            self.cache.remember(dict(answer))
+
+    def _allocated(self, plan: AllocationPlan, backend: Backend, source: str) -> None:
         self.log.info(
             "allocated",
-            pod=ref,
+            pod=plan.pod,
             backend=backend.type_word,
             containers=[c.name for c in plan.containers],
             done=plan.done,
+            read_from=source,
         )
-        return plan
 
     async def _fail(self, pod: Pod, cause: str) -> None:
         ref = pod_ref(pod)
