@@ -243,10 +243,8 @@ def test_reservation_is_seen_and_rolled_back() -> None:
     previous = c.reserve("default/p", "uid-p", "a", d.fit)
     assert previous is None
     assert c.decide(r).node is None  # the second pod sees the first one's reservation
-    c.pinned.add("default/p")
-    c.upsert_pod(pod(gpu(mem=6000)))  # the pod without annotations yet: ignored while pinned
+    c.upsert_pod(pod(gpu(mem=6000)))  # the pod without its decision yet: the hold stays
     assert c.usage_snapshot() == {"a": {"GPU-a0": (1, 6000, 0)}}
-    c.pinned.discard("default/p")
     c.rollback("default/p", previous)
     assert c.usage_snapshot() == {}
     assert c.decide(r).node == "a"

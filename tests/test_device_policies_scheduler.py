@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from _sched_helpers import (
     FakeClock,
+    binding,
     create_node,
     create_pod,
     delete_nodes,
@@ -51,7 +52,8 @@ async def test_scheduler_reads_go_scores_and_warns_about_unknown_policies(
             topo = await create_pod(kube, namespace, topo)
             answer = await post(f"{role.url}/filter", {"Pod": topo, "NodeNames": [name]})
             assert answer["NodeNames"] == [name], answer
-            stored = await kube.get_pod(namespace, "topo")
+            assert await post(f"{role.url}/bind", binding(topo, name)) == {"Error": ""}
+            stored = await kube.get_pod(namespace, "topo")  # bind wrote the decision
             value = stored["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"]
             assert value == f"{gpus[1]},NVIDIA,3000,0:{gpus[3]},NVIDIA,3000,0:;"
 

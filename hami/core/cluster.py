@@ -117,7 +117,12 @@ class PodRecord:
     # excluded from ==, which callers use to ask "is this still the hold I saw?").
     stamp: str | None = field(default=None, compare=False)  # hami.io/vgpu-time as written
     since: datetime | None = field(default=None, compare=False)  # deadline start, None: next pass
-    reserved: bool = field(default=False, compare=False)  # made by reserve(), no event yet
+    reserved: bool = field(default=False, compare=False)  # made by reserve(), not yet written
+    # a reservation's start on the scheduler's monotonic clock (expire_reservations)
+    reserved_at: float = field(default=0.0, compare=False)
+    # the annotations bind writes for a reservation (protocol.md section 3), None when the
+    # decision is already on the pod
+    decision: Mapping[str, str | None] | None = field(default=None, compare=False)
     # uuid -> device type: which quota resources the hold counts against (hami.core.quota)
     types: Mapping[str, str] = field(default_factory=dict, compare=False)
     # device type -> per annotation entry (container) devices: the per-container metrics
@@ -177,7 +182,9 @@ class Cluster:
         self.device_policy = device_policy
         self.nodes: dict[str, NodeState] = {}
         self.pods: dict[str, PodRecord] = {}
-        self.pinned: set[str] = set()  # pods whose reservation a watch event must not undo
+        # Reservations (filter's holds not yet written on their pod): key -> reserved_at,
+        # in the order they were made, so the oldest are checked first.
+        self.reservations: dict[str, float] = {}
         self.quotas = Quotas(kinds)  # namespace quotas, charged by every record (_apply)
         # Unbound decisions past their deadline: known, not counted (see expire_decisions).
         self.lapsed: dict[str, PodRecord] = {}
@@ -485,9 +492,10 @@ class Cluster:
         if now is not None:
             self._clock = now
         key = pod_key(obj)
-        if key in self.pinned:
-            return []
         record, errors = self.pod_record(obj)
+        current = self.pods.get(key)
+        if current is not None and current.reserved and _keeps_reservation(obj, record, current):
+            return errors
         if record is None or record.bound:
             self._set_record(key, record)
             return errors
@@ -495,10 +503,9 @@ class Cluster:
         if not self._past_deadline(record):
             self._set_record(key, record)
             return errors
-        current = self.pods.get(key)
         if current is not None and current.reserved:
-            # Older than the hold the filter has just made for this pod (a watch event
-            # from before its decision was written): the fresh hold stands.
+            # The same hold from an old decision (bind stamps its write now): an event
+            # from before bind's write, the reservation stands.
             return errors
         self._set_record(key, None)
         self.lapsed[key] = record
@@ -538,10 +545,10 @@ class Cluster:
         self._clock = now
         expired: list[str] = []
         for key, record in list(self.pods.items()):
-            if record.bound:
-                continue
+            if record.bound or record.reserved:
+                continue  # a reservation has its own deadline (expire_reservations)
             if record.since is None or record.since - now > FUTURE_SLACK:
-                # A reservation, or a decision seen before any time was: it starts now.
+                # A decision seen before any time was: its deadline starts now.
                 self.pods[key] = replace(record, since=now)
             elif self._past_deadline(record):
                 self._set_record(key, None)
@@ -554,6 +561,9 @@ class Cluster:
 
     def _set_record(self, key: str, record: PodRecord | None) -> None:
         self.lapsed.pop(key, None)
+        self.reservations.pop(key, None)
+        if record is not None and record.reserved:
+            self.reservations[key] = record.reserved_at  # (re-)inserted last: oldest first
         if self.changed_pods is not None:
             self.changed_pods.add(key)
         old = self.pods.get(key)
@@ -595,15 +605,56 @@ class Cluster:
 
     # ------------------------------------------------------------------ decisions
 
-    def reserve(self, key: str, uid: str, node: str, fit: NodeFit) -> PodRecord | None:
-        """Hold ``fit`` for the pod at once; returns the record it replaced."""
+    def reserve(
+        self,
+        key: str,
+        uid: str,
+        node: str,
+        fit: NodeFit,
+        *,
+        at: float = 0.0,
+        decision: Mapping[str, str | None] | None = None,
+    ) -> PodRecord | None:
+        """Hold ``fit`` for the pod at once; returns the record it replaced.
+
+        ``at`` is the scheduler's monotonic time (``expire_reservations`` measures from
+        it); ``decision`` the annotations bind will write. Until the pod's watch events
+        show that decision, they do not undo the hold (``upsert_pod``).
+        """
         previous = self.pods.get(key)
         types = fit_types(fit)
         record = PodRecord(
-            key, uid, node, fit.usage, reserved=True, types=types, assignment=fit.assignment
+            key,
+            uid,
+            node,
+            fit.usage,
+            reserved=True,
+            reserved_at=at,
+            decision=decision,
+            types=types,
+            assignment=fit.assignment,
         )
         self._set_record(key, record)
         return previous
+
+    def expire_reservations(
+        self, now: float, timeout: float, keep: Collection[str] = (), *, full: bool = True
+    ) -> list[str]:
+        """Release reservations made more than ``timeout`` before ``now`` (monotonic
+        seconds) whose bind never came; returns their keys. ``keep``: pods being bound now.
+        With ``full=False`` only the oldest are looked at, up to the first one still in
+        time (cheap enough for every filter call)."""
+        expired: list[str] = []
+        for key, at in list(self.reservations.items()):
+            if now - at <= timeout:
+                if full:
+                    continue
+                break
+            if key in keep:
+                continue
+            self._set_record(key, None)
+            expired.append(key)
+        return expired
 
     def rollback(self, key: str, previous: PodRecord | None) -> None:
         """Undo ``reserve``: the pod holds what it held before."""
@@ -774,6 +825,23 @@ def fit_types(fit: NodeFit) -> dict[str, str]:
         for devices in per_container
         for device in devices
     }
+
+
+def _keeps_reservation(
+    obj: Mapping[str, Any], record: PodRecord | None, reservation: PodRecord
+) -> bool:
+    """A watch event of a pod holding a reservation leaves it in place while the pod is
+    unbound, alive and does not show the decision bind writes (it shows none, an older
+    one, or one a failed bind left): the event predates that write."""
+    spec = obj.get("spec")
+    status = obj.get("status")
+    if isinstance(spec, Mapping) and spec.get("nodeName"):
+        return False  # bound: its annotations are the truth
+    if isinstance(status, Mapping) and status.get("phase") in FINISHED_PHASES:
+        return False
+    if metadata_of(obj).get("deletionTimestamp"):
+        return False
+    return record is None or (record.node, record.usage) != (reservation.node, reservation.usage)
 
 
 def _device_state(device: NodeDevice) -> DeviceState:

@@ -40,12 +40,16 @@ from hami.kube.objects import annotations_of, metadata_of, pod_key
 from hami.kube.raw import Conflict, KubeError, NotFound
 from hami.kube.recorder import EventRecorder
 from hami.protocol import NodeLock, encode_pod_devices, keys, parse_lock
+from hami.scheduler.bindqueue import BindQueue, QueueTimeout
 from hami.scheduler.metrics import SchedulerMetrics
 
 _log = log.get(__name__)
 
 Json = dict[str, Any]
 _CODE = re.compile(r"^\d+/\d+ (\S+)$")
+# A bind waiting for a node lock reads the Node itself when the watch said nothing for
+# this long (a watch that fell behind must not stall binds until their deadline).
+LOCK_POLL_SECONDS = 2.0
 
 
 def utcnow() -> datetime:
@@ -71,6 +75,11 @@ def reason_codes(reason: str) -> list[str]:
 def summarise_failures(failed: Mapping[str, str]) -> str:
     """``0/3 nodes are available: 2 handshake timed out, 1 2/4 CardInsufficientMemory``."""
     return nofit.summary_message(Counter(failed.values()))
+
+
+STANDBY = (
+    "hami scheduler replica is on standby (another replica leads); kube-scheduler retries the pod"
+)
 
 
 class BindError(Exception):
@@ -119,7 +128,11 @@ class Scheduler:
         self._node_locks: dict[str, NodeLock] = {}  # node -> its parsed hami.io/mutex.lock
         self.nodes_synced = asyncio.Event()
         self.pods_synced = asyncio.Event()
-        self._lock_changed: dict[str, asyncio.Event] = {}
+        self.bind_queue = BindQueue()  # binds wait their turn per node
+        self._binding: set[str] = set()  # pods being bound now: their reservation stays
+        # node -> (resourceVersion, lock value) of our latest lock write not yet seen by the
+        # Node watch: until it is, the watch's copy of the node is older than that write
+        self._lock_writes: dict[str, tuple[str, str]] = {}
         self._node_errors: dict[str, tuple[str, ...]] = {}
         self._pod_errors: dict[str, tuple[str, ...]] = {}
         self._background: set[asyncio.Task[Any]] = set()
@@ -138,7 +151,8 @@ class Scheduler:
             self.cluster.delete_node(name)
             self._node_errors.pop(name, None)
             self._node_locks.pop(name, None)
-            self._wake_lock_waiters(name)
+            self._lock_writes.pop(name, None)
+            self.bind_queue.changed(name)
             return
         previous = self.cluster.nodes.get(name)
         old_lock = previous.lock if previous is not None else None
@@ -155,13 +169,20 @@ class Scheduler:
                 self.metrics.annotation_errors.labels("node").inc()
             self._node_errors[name] = current_errors
         self._log_changes(changes)
+        written = self._lock_writes.get(name)
+        if (
+            written is not None
+            and state is not None
+            and (state.resource_version == written[0] or state.lock == written[1])
+        ):
+            del self._lock_writes[name]  # the watch caught up with our lock write
         if state is not None and state.lock != old_lock:
             lock = parse_lock(state.lock)
             if lock is None:
                 self._node_locks.pop(name, None)
             else:
                 self._node_locks[name] = lock
-            self._wake_lock_waiters(name)
+            self.bind_queue.changed(name)  # wakes the one bind whose turn it is, if any
 
     def on_pod(self, kind: str, obj: Json) -> None:
         key = pod_key(obj)
@@ -204,11 +225,6 @@ class Scheduler:
                     reason=change.reason,
                 )
 
-    def _wake_lock_waiters(self, node: str) -> None:
-        event = self._lock_changed.pop(node, None)
-        if event is not None:
-            event.set()
-
     @property
     def _kube(self) -> Kube:
         if self.kube is None:
@@ -217,8 +233,15 @@ class Scheduler:
 
     # ------------------------------------------------------------------ handshake
 
+    # False on a standby replica (hami.scheduler.leader): it writes nothing, and its
+    # extender answers with an error so that kube-scheduler retries.
+    leading: bool = True
+
     async def handshake_pass(self) -> None:
         """One pass of protocol.md section 2 over every known node."""
+        if not self.leading:
+            return
+        self.expire_reservations()
         now = self.clock.now()
         for key in self.cluster.expire_decisions(now):
             _log.info(
@@ -272,6 +295,22 @@ class Scheduler:
                 _log.exception("node lock sweep failed")
             await sleep(self.settings.handshake_period.seconds)
 
+    def expire_reservations(self, *, full: bool = True) -> list[str]:
+        """Free the devices of filter decisions whose bind never came within
+        ``scheduler.reservation_timeout`` (kube-scheduler dropped the pod after filter);
+        ``full=False`` looks at the oldest only (every filter call does that)."""
+        timeout = self.settings.reservation_timeout.seconds
+        expired = self.cluster.expire_reservations(
+            self.clock.monotonic(), timeout, self._binding, full=full
+        )
+        for key in expired:
+            _log.info(
+                "reservation expired: no bind came, its devices are free again",
+                pod=key,
+                timeout=timeout,
+            )
+        return expired
+
     # ------------------------------------------------------------------ lock sweep
 
     async def release_stale_locks(self) -> None:
@@ -279,6 +318,8 @@ class Scheduler:
         lost its Allocate (``hami.kube.nodelock``). Binds take such locks over anyway; this
         frees a node no bind is waiting for, so no lock outlives its pod. Only locks held
         longer than a healthy allocation takes are looked at."""
+        if not self.leading:
+            return
         now = self.clock.now()
         for node, lock in list(self._node_locks.items()):
             if held_longer_than(lock, now, self.lock_rules, self.lock_busy_after, ""):
@@ -324,6 +365,8 @@ class Scheduler:
 
     async def filter(self, body: Any) -> Json:
         """kube-scheduler's ``ExtenderArgs`` -> ``ExtenderFilterResult`` (always a dict)."""
+        if not self.leading:
+            return {"NodeNames": [], "FailedNodes": {}, "Error": STANDBY}
         started = self.clock.monotonic()
         outcome = "error"
         try:
@@ -351,6 +394,7 @@ class Scheduler:
                 args, {"NodeNames": names, "FailedNodes": {}, "Error": ""}, names
             ), "passthrough"
         self._warn_once(pod, request.warnings)
+        self.expire_reservations(full=False)
         began = time.perf_counter()
         # kube-scheduler filters only unbound pods, so a record this pod already has is an
         # earlier decision that was never bound (a failed bind, or our restart in between):
@@ -373,28 +417,14 @@ class Scheduler:
             _log.debug("no node fits", pod=key, summary=message)
             self._event(pod, "FilteringFailed", message, "Warning")
             return {"NodeNames": [], "FailedNodes": decision.failed, "Error": ""}, "unschedulable"
-        meta = metadata_of(pod)
-        uid = str(meta.get("uid") or "")
-        self.cluster.reserve(key, uid, decision.node, fit)
-        self.metrics.decision_seconds.observe(time.perf_counter() - began)
-        self.cluster.pinned.add(key)
+        # Held in memory only: bind writes the decision with bind-time and bind-phase in
+        # one pod write (filter does no API I/O; kube-scheduler calls it one pod at a time).
+        uid = str(metadata_of(pod).get("uid") or "")
         annotations = self._decision_annotations(pod, decision.node, fit.assignment)
-        try:
-            await self._kube.patch_pod_annotations(
-                str(meta.get("namespace") or "default"),
-                str(meta.get("name")),
-                annotations,
-            )
-        except Exception as exc:
-            self.cluster.rollback(key, earlier)
-            _log.warning("decision not written, reservation rolled back", pod=key, error=str(exc))
-            return {
-                "NodeNames": [],
-                "FailedNodes": {},
-                "Error": f"hami filter: writing the decision on pod {key} failed: {exc}",
-            }, "error"
-        finally:
-            self.cluster.pinned.discard(key)
+        self.cluster.reserve(
+            key, uid, decision.node, fit, at=self.clock.monotonic(), decision=annotations
+        )
+        self.metrics.decision_seconds.observe(time.perf_counter() - began)
         devices = "; ".join(
             f"{word}: {encode_pod_devices(per)}" for word, per in fit.assignment.items()
         )
@@ -452,6 +482,8 @@ class Scheduler:
 
     async def bind(self, body: Any) -> Json:
         """``ExtenderBindingArgs`` -> ``ExtenderBindingResult`` (``{"Error": ...}``)."""
+        if not self.leading:
+            return {"Error": STANDBY}
         started = self.clock.monotonic()
         args = lower_keys(body)
         namespace = str(args.get("podnamespace") or "default")
@@ -483,39 +515,89 @@ class Scheduler:
     async def _bind(self, namespace: str, name: str, uid: str | None, node: str) -> None:
         key = f"{namespace}/{name}"
         record = self.cluster.pods.get(key)
-        if record is None and key in self.cluster.lapsed:
+        if record is None and key not in self.cluster.lapsed:
+            record = await self._unplaced(namespace, name, uid, node)
+            if record is None:
+                return  # not a pod hami places: bound without the lock
+        if record is None:
             raise BindError(
                 f"hami bind: the decision for pod {key} is older than "
                 f"scheduler.decision_timeout ({self.settings.decision_timeout.seconds:g}s) and "
                 "no longer holds its devices; the pod will be scheduled again"
             )
-        if record is None:
-            # Not a pod hami placed (or its decision is gone): bind without the lock.
-            await self._create_binding(namespace, name, uid, node)
-            return
         if record.node != node:
             raise BindError(
                 f"hami bind: pod {key} was placed on node {record.node} by filter, not {node}"
             )
+        wait = self.settings.bind_lock_wait.seconds
+        deadline = self.clock.monotonic() + wait
+        self._binding.add(key)  # its reservation must not expire while it waits
         try:
-            await self._take_lock(node, namespace, name)
-            now = self.clock.now()
-            await self._kube.patch_pod_annotations(
-                namespace,
-                name,
-                {
-                    keys.BIND_TIME: str(int(now.timestamp())),
-                    keys.BIND_PHASE: str(keys.BindPhase.ALLOCATING),
-                },
-            )
-            await self._create_binding(namespace, name, uid, node)
-        except BaseException as exc:
+            # One bind per node at a time; its turn ends with the Binding (the next one
+            # then waits for the node agent to release the lock after Allocate).
+            async with self.bind_queue.turn(node, wait):
+                try:
+                    await self._take_lock(node, namespace, name, deadline)
+                    await self._kube.patch_pod_annotations(
+                        namespace, name, self._bind_annotations(record)
+                    )
+                    await self._create_binding(namespace, name, uid, node)
+                except BaseException as exc:
+                    await self._undo_bind(namespace, name, node, record)
+                    if isinstance(exc, KubeError):
+                        raise BindError(f"hami bind: pod {key} on node {node}: {exc}") from exc
+                    raise
+        except QueueTimeout as exc:
             await self._undo_bind(namespace, name, node, record)
-            if isinstance(exc, BindError):
-                raise
-            if isinstance(exc, KubeError):
-                raise BindError(f"hami bind: pod {key} on node {node}: {exc}") from exc
-            raise
+            raise BindError(
+                f"hami bind: node {node} is busy: {exc.ahead} bind(s) queued before pod {key} "
+                f"did not finish within scheduler.bind_lock_wait ({wait:g}s); each waits for "
+                "the node agent to release the node lock after the previous pod's allocation"
+            ) from None
+        finally:
+            self._binding.discard(key)
+
+    async def _unplaced(
+        self, namespace: str, name: str, uid: str | None, node: str
+    ) -> PodRecord | None:
+        """A bind with no record in memory (rare: a restart between filter and bind, or an
+        expired reservation). The pod is read once: one that asks for no device hami manages
+        is bound here without the lock (None); one with a decision written before counts
+        as usual; a device pod without one fails, since nothing was reserved for it."""
+        key = f"{namespace}/{name}"
+        try:
+            pod = await self._kube.get_pod(namespace, name)
+        except KubeError as exc:
+            raise BindError(f"hami bind: reading pod {key} failed: {exc}") from exc
+        try:
+            request = self.parse(pod)
+        except RequestError as exc:
+            raise BindError(f"hami bind: pod {key}: {exc}") from exc
+        if request is None:
+            await self._create_binding(namespace, name, uid, node)
+            return None
+        self.cluster.upsert_pod(pod, self.clock.now())  # the watch may not have shown it yet
+        record = self.cluster.pods.get(key)
+        if record is None or record.reserved:
+            raise BindError(
+                f"hami bind: no reservation for pod {key}: the scheduler restarted or the "
+                "reservation expired after scheduler.reservation_timeout "
+                f"({self.settings.reservation_timeout.seconds:g}s); kube-scheduler will "
+                "schedule it again"
+            )
+        return record
+
+    def _bind_annotations(self, record: PodRecord) -> dict[str, str | None]:
+        """The one pod write of a bind: the decision (unless written before), bind-time and
+        bind-phase allocating (protocol.md section 3), before the Binding."""
+        now = str(int(self.clock.now().timestamp()))
+        patch: dict[str, str | None] = {}
+        if record.decision is not None:
+            patch.update(record.decision)
+            patch[keys.VGPU_TIME] = now  # the decision's deadline runs from its write
+        patch[keys.BIND_TIME] = now
+        patch[keys.BIND_PHASE] = str(keys.BindPhase.ALLOCATING)
+        return patch
 
     async def _create_binding(self, namespace: str, name: str, uid: str | None, node: str) -> None:
         try:
@@ -545,18 +627,36 @@ class Scheduler:
         if self.cluster.pods.get(key) == record:
             self.cluster.release(key)
 
-    async def _take_lock(self, node: str, namespace: str, name: str) -> None:
-        """Set ``hami.io/mutex.lock`` for this pod, waiting (bounded) while another holds it."""
+    async def _take_lock(self, node: str, namespace: str, name: str, deadline: float) -> None:
+        """Set ``hami.io/mutex.lock`` for this pod; the caller has the node's turn
+        (``bind_queue``). A conditional write at the resourceVersion the Node watch last
+        showed; the Node is read only after a Conflict, when the watch has not yet shown
+        our previous lock write, or when it said nothing for ``LOCK_POLL_SECONDS``. While
+        another pod holds the lock, wait (until ``deadline``) for the watch to show a
+        change: each change wakes this bind alone."""
         wait = self.settings.bind_lock_wait.seconds
-        deadline = self.clock.monotonic() + wait
+        read: Json | None = None  # the Node as just read: newer than the watch's copy
         while True:
-            changed = self._lock_changed.setdefault(node, asyncio.Event())
-            try:
-                current = await self._kube.get_node(node)
-            except KubeError as exc:
-                raise BindError(f"hami bind: reading node {node} failed: {exc}") from exc
-            meta = metadata_of(current)
-            value = annotations_of(current).get(keys.NODE_LOCK)
+            mark = self.bind_queue.generation(node)
+            state = self.cluster.nodes.get(node)
+            if read is None and (state is None or not state.exists):
+                read = await self._read_node(node)
+            if read is not None:
+                value = annotations_of(read).get(keys.NODE_LOCK)
+                version = str(metadata_of(read).get("resourceVersion") or "")
+                read = None
+            elif node in self._lock_writes:
+                # The watch's copy predates our last lock write here: wait for it to catch
+                # up (it then shows that lock, held until the node agent's release).
+                remaining = max(deadline - self.clock.monotonic(), 0.0)
+                if not await self.bind_queue.wait_change(
+                    node, mark, min(remaining, LOCK_POLL_SECONDS)
+                ):
+                    read = await self._read_node(node)
+                continue
+            else:
+                assert state is not None
+                value, version = state.lock, state.resource_version
             holder = await self._live_holder(value, node, namespace, name)
             if holder is not None:
                 remaining = deadline - self.clock.monotonic()
@@ -567,25 +667,35 @@ class Scheduler:
                         f"within {wait:g}s; the node agent releases it after the pod's "
                         "allocation"
                     )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), timeout=min(remaining, 1.0))
+                if not await self.bind_queue.wait_change(
+                    node, mark, min(remaining, LOCK_POLL_SECONDS)
+                ):
+                    read = await self._read_node(node)  # the watch said nothing: look
                 continue
             lock = NodeLock(self.clock.now(), namespace, name).encode()
             try:
-                await self._kube.patch_node_annotations(
-                    node,
-                    {keys.NODE_LOCK: lock},
-                    resource_version=str(meta.get("resourceVersion") or "") or None,
+                written = await self._kube.patch_node_annotations(
+                    node, {keys.NODE_LOCK: lock}, resource_version=version or None
                 )
-                return
             except Conflict:
                 if self.clock.monotonic() > deadline:
                     raise BindError(
                         f"hami bind: node {node} kept changing; lock not taken"
                     ) from None
+                read = await self._read_node(node)
                 continue
             except KubeError as exc:
                 raise BindError(f"hami bind: locking node {node} failed: {exc}") from exc
+            self._lock_writes[node] = (str(metadata_of(written).get("resourceVersion") or ""), lock)
+            return
+
+    async def _read_node(self, node: str) -> Json:
+        try:
+            current = await self._kube.get_node(node)
+        except KubeError as exc:
+            raise BindError(f"hami bind: reading node {node} failed: {exc}") from exc
+        self._lock_writes.pop(node, None)  # what we read is newer than our last write
+        return current
 
     async def _live_holder(
         self, value: str | None, node: str, namespace: str, name: str
@@ -796,6 +906,10 @@ def _with_nodes(args: Mapping[str, Any], answer: Json, chosen: Sequence[str]) ->
 def _bind_reason(message: str) -> str:
     if "is locked by" in message:
         return "node_locked"
+    if "is busy" in message:
+        return "node_busy"
+    if "no reservation" in message:
+        return "no_reservation"
     if "Binding" in message:
         return "binding"
     if "placed on node" in message:
