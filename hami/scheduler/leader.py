@@ -76,6 +76,7 @@ class LeaderElector:
         self._seen: tuple[tuple[str, str, str] | None, float] = (None, 0.0)
         self._record: LeaseRecord | None = None
         self.holder = ""  # the holder last read
+        self.steps = 0
         self.gauge: Gauge | None = None
         if registry is not None:
             self.gauge = Gauge(
@@ -104,6 +105,7 @@ class LeaderElector:
 
     async def step(self) -> None:
         """One read, decision and (maybe) write."""
+        self.steps += 1
         try:
             record = await self._read()
             eligible = await self._eligible()

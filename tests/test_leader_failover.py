@@ -1,0 +1,297 @@
+"""Two scheduler "pods" (a ``hami run --role scheduler`` process with leader election and
+the kube-scheduler that uses it as its extender, with kube-scheduler's own leader
+election) on the real control plane; the leading pair is killed with SIGKILL in the middle
+of a burst of pods. The standby takes over within a bounded time, exactly one replica
+writes at a time, no device is booked beyond its capacity, and every pod that fits ends
+Running on the kubelet emulators."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import sys
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from _sched_helpers import unique
+
+from hami.kube.client import Kube
+from hami.kube.raw import NotFound
+from hami.scheduler.leader import LEASES
+from hami.testkit.cluster import (
+    ALLOCATED,
+    SCHEDULER_NAME,
+    LocalCluster,
+    NodeSpec,
+    Timing,
+    gpu_pod,
+    limits,
+    phase_of,
+    pod_devices,
+    poll,
+)
+from hami.testkit.controlplane import ControlPlane, SchedulerProcess, free_port
+
+pytestmark = pytest.mark.controlplane
+
+MEMORY, SPLIT = 8000, 4
+NODES = (
+    NodeSpec("ha-0", ({"count": 2, "model": "NVIDIA-Tesla T4", "memory": MEMORY},), SPLIT),
+    NodeSpec("ha-1", ({"count": 2, "model": "NVIDIA-Tesla T4", "memory": MEMORY},), SPLIT),
+)
+POD_MEMORY = 3000  # two per device: 8 pods fit on the 4 devices
+BURST = 10  # so 2 stay Pending
+FIRST = 4  # created before the leader dies; 8 - 4 are left for the new leader at least
+TIMING = Timing(handshake_timeout=3.0, bind_lock_wait=10.0)
+TAKEOVER_BOUND = 40.0  # lease_duration 15 s + retries; generous for a loaded machine
+
+
+class Replica:
+    """One scheduler pod: the hami process and its kube-scheduler."""
+
+    def __init__(self, identity: str, workdir: Path) -> None:
+        self.identity = identity
+        self.workdir = workdir
+        self.probe_port = free_port()
+        self.extender_port = free_port()
+        self.proc: asyncio.subprocess.Process | None = None
+        self.kube_scheduler: SchedulerProcess | None = None
+
+    @property
+    def probes(self) -> str:
+        return f"http://127.0.0.1:{self.probe_port}"
+
+    async def start_hami(self, plane: ControlPlane, cluster: LocalCluster, lease: str) -> None:
+        t = cluster.timing
+        cfg = {
+            "log": {"format": "json", "level": "info"},
+            "kubeconfig": str(plane.kubeconfig),
+            "scheduler": {
+                "scheduler_name": SCHEDULER_NAME,
+                "http": {"address": "127.0.0.1", "port": self.probe_port},
+                "extender": {"address": "127.0.0.1", "port": self.extender_port},
+                "handshake_period": f"{t.handshake_period}s",
+                "handshake_timeout": f"{t.handshake_timeout}s",
+                "bind_lock_wait": f"{t.bind_lock_wait}s",
+                "webhook": {"enabled": False},
+                "leader_election": {
+                    "enabled": True,
+                    "lease_name": lease,
+                    "namespace": cluster.namespace,
+                    "identity": self.identity,
+                },  # default periods: 15 s lease, 10 s renew deadline, 2 s retry
+            },
+            "backends": {"nvidia": {"enabled": False}, "fake": {"enabled": True}},
+        }
+        path = self.workdir / f"{self.identity}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        self.log = (self.workdir / f"{self.identity}.log").open("wb")
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            *("-m", "hami", "run", "--role", "scheduler", "--config", str(path)),
+            stdout=self.log,
+            stderr=asyncio.subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+    async def start_kube_scheduler(
+        self, plane: ControlPlane, base: dict[str, Any], namespace: str, lease: str
+    ) -> None:
+        cfg = dict(base)
+        cfg["extenders"] = [
+            {**base["extenders"][0], "urlPrefix": f"http://127.0.0.1:{self.extender_port}"}
+        ]
+        cfg["leaderElection"] = {
+            "leaderElect": True,
+            "resourceName": lease,
+            "resourceNamespace": namespace,
+            "leaseDuration": "15s",
+            "renewDeadline": "10s",
+            "retryPeriod": "2s",
+        }
+        sched = plane.start_scheduler(cfg, f"ks-{self.identity}-{lease}", wait=False)
+        self.kube_scheduler = sched
+        await asyncio.to_thread(sched.wait_ready, 60)
+
+    async def readyz(self) -> str:
+        try:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(f"{self.probes}/readyz") as resp,
+            ):
+                return await resp.text() if resp.status == 200 else ""
+        except aiohttp.ClientError:
+            return ""
+
+    async def metric(self, line: str) -> float | None:
+        """The value of the series that starts with ``line`` (None if not found)."""
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{self.probes}/metrics") as resp,
+        ):
+            text = await resp.text()
+        match = re.search(rf"^{re.escape(line)} (\S+)$", text, re.MULTILINE)
+        return float(match.group(1)) if match else None
+
+    async def kill(self) -> None:
+        """The pod dies: both containers get SIGKILL."""
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGKILL)
+            await self.proc.wait()
+        if self.kube_scheduler is not None and self.kube_scheduler.process.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.kube_scheduler.process.pid, signal.SIGKILL)
+
+    async def stop(self, plane: ControlPlane) -> None:
+        await self.kill()
+        if self.kube_scheduler is not None:
+            await asyncio.to_thread(self.kube_scheduler.stop)
+            with contextlib.suppress(ValueError):
+                plane.schedulers.remove(self.kube_scheduler)
+        if self.proc is not None:
+            self.log.close()
+
+
+@pytest.fixture
+async def cluster(controlplane: ControlPlane) -> AsyncIterator[LocalCluster]:
+    async with LocalCluster(NODES, plane=controlplane, timing=TIMING) as c:
+        yield c
+
+
+async def _holder(kube: Kube, namespace: str, name: str) -> str:
+    try:
+        lease = await kube.request("GET", LEASES.format(namespace=namespace) + "/" + name)
+    except NotFound:
+        return ""
+    return str((lease.get("spec") or {}).get("holderIdentity") or "")
+
+
+async def _record_holders(kube: Kube, namespace: str, name: str, seen: list[str]) -> None:
+    while True:
+        holder = await _holder(kube, namespace, name)
+        if not seen or seen[-1] != holder:
+            seen.append(holder)
+        await asyncio.sleep(0.2)
+
+
+def _bookings(pods: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
+    """device uuid -> (containers, MiB) from the pods' allocation annotations."""
+    booked: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for pod in pods:
+        for container in pod_devices(pod, ALLOCATED):
+            for device in container:
+                booked[device.uuid][0] += 1
+                booked[device.uuid][1] += device.memory
+    return {uuid: (n, mib) for uuid, (n, mib) in booked.items()}
+
+
+async def test_the_standby_takes_over_when_the_leading_pod_is_killed_mid_burst(
+    cluster: LocalCluster, controlplane: ControlPlane, kube: Kube, tmp_path: Path
+) -> None:
+    # The cluster's own in-process scheduler role and kube-scheduler give way to two
+    # replicas as processes, as a two-replica Deployment runs them.
+    base = cluster.kube_scheduler_config()
+    own = cluster.kube_scheduler
+    cluster.kube_scheduler = None
+    assert own is not None
+    await asyncio.to_thread(own.stop)
+    controlplane.schedulers.remove(own)
+    await cluster.stop_role()
+
+    hami_lease, ks_lease = unique("hami-lease"), unique("ks-lease")
+    a, b = Replica("pod-a", tmp_path), Replica("pod-b", tmp_path)
+    holders: list[str] = []
+    recorder = asyncio.create_task(_record_holders(kube, cluster.namespace, hami_lease, holders))
+    try:
+        # pod a first, so that both of its containers lead; then pod b
+        await a.start_hami(controlplane, cluster, hami_lease)
+        await poll(lambda: _is(a.readyz(), "ok"), 60, "pod-a's hami leads")
+        await a.start_kube_scheduler(controlplane, base, cluster.namespace, ks_lease)
+        await poll(
+            lambda: _truthy(_holder(kube, cluster.namespace, ks_lease)),
+            30,
+            "a kube-scheduler leads",
+        )
+        await b.start_hami(controlplane, cluster, hami_lease)
+        await poll(lambda: _is(b.readyz(), "ok: standby"), 60, "pod-b's hami on standby, synced")
+        await b.start_kube_scheduler(controlplane, base, cluster.namespace, ks_lease)
+
+        # the burst: its first part before the kill, the rest while no replica leads
+        names = [f"burst-{i}" for i in range(BURST)]
+        for name in names[:FIRST]:
+            await cluster.create_pod(gpu_pod(name, [limits(1, mem=POD_MEMORY)]))
+
+        async def some_running() -> bool:
+            return sum(phase_of(p) == "Running" for p in await cluster.list_pods()) >= 2
+
+        await poll(some_running, 90, "the first pods of the burst running")
+        # one writer so far: the standby stamped no handshake and bound nothing
+        assert await b.metric('hami_handshake_patches_total{result="ok"}') == 0
+        assert await b.metric('hami_bind_total{outcome="success",reason="bound"}') == 0
+        assert await b.metric("hami_leader") == 0
+        assert await a.metric("hami_leader") == 1
+        assert (await a.metric('hami_handshake_patches_total{result="ok"}') or 0) > 0
+
+        loop = asyncio.get_running_loop()
+        killed = loop.time()
+        await a.kill()
+        for name in names[FIRST:]:
+            await cluster.create_pod(gpu_pod(name, [limits(1, mem=POD_MEMORY)]))
+        await poll(lambda: _is_value(b.metric("hami_leader"), 1), 60, "pod-b's hami leads")
+        takeover = loop.time() - killed
+        assert takeover <= TAKEOVER_BOUND, f"takeover took {takeover:.1f}s"
+        assert await b.readyz() == "ok"
+
+        async def placeable_running() -> bool:
+            pods = await cluster.list_pods()
+            return sum(phase_of(p) == "Running" for p in pods) == 8
+
+        await poll(placeable_running, 120, "every pod that fits running")
+        pods = await cluster.list_pods()
+        assert sorted(phase_of(p) for p in pods) == ["Pending"] * 2 + ["Running"] * 8
+        for uuid, (containers, mib) in _bookings(pods).items():
+            assert containers <= SPLIT and mib <= MEMORY, f"{uuid} double-booked: {mib} MiB"
+        assert len(_bookings(pods)) == 4
+        # after the takeover the new leader writes: the binds of the rest, and handshakes
+        assert (await b.metric('hami_bind_total{outcome="success",reason="bound"}') or 0) >= 4
+        await poll(
+            lambda: _above(b.metric('hami_handshake_patches_total{result="ok"}'), 0),
+            30,
+            "pod-b stamps handshakes",
+        )
+    finally:
+        recorder.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await recorder
+        for replica in (a, b):
+            await replica.stop(controlplane)
+        await cluster.delete_pods(wait=False)
+    # the Lease went from a to b once, never back and forth
+    assert [h for h in holders if h] == ["pod-a", "pod-b"]
+
+
+async def _is(text: Any, want: str) -> bool:
+    return bool(await text == want)
+
+
+async def _truthy(value: Any) -> bool:
+    return bool(await value)
+
+
+async def _is_value(value: Any, want: float) -> bool:
+    try:
+        return bool(await value == want)
+    except aiohttp.ClientError:
+        return False
+
+
+async def _above(value: Any, floor: float) -> bool:
+    return bool((await value or 0) > floor)
