@@ -41,6 +41,7 @@ from hami.scheduler import podinfo
 from hami.scheduler.lease import LeaseRecord, Step, decide, follows, lease_body, parse_lease
 
 _log = log.get(__name__)
+LEADER_HELP = "1 while this scheduler replica leads (stamps handshakes, binds), 0 on standby"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 
 
@@ -81,7 +82,7 @@ class LeaderElector:
         if registry is not None:
             self.gauge = Gauge(
                 "hami_leader",
-                "1 while this scheduler replica leads (stamps handshakes, binds), 0 on standby",
+                LEADER_HELP,
                 registry=registry,
             )
             self.gauge.set_function(lambda: 1 if self.leading else 0)
@@ -203,6 +204,11 @@ class LeaderElector:
             )
             self.changed.set()
         self._leading = leading
+
+
+def sole_replica(registry: CollectorRegistry) -> None:
+    """``hami_leader`` 1 for a role without leader election: it always leads."""
+    Gauge("hami_leader", LEADER_HELP, registry=registry).set(1)
 
 
 def elector_for(kube: Kube, settings: LeaderElectionConfig, scheduler: Any) -> LeaderElector:

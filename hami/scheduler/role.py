@@ -43,7 +43,7 @@ from hami.scheduler.http import (
     server_options,
     webhook_app,
 )
-from hami.scheduler.leader import LeaderElector, elector_for, mirror
+from hami.scheduler.leader import LeaderElector, elector_for, mirror, sole_replica
 from hami.scheduler.selftls import SelfTLS
 from hami.scheduler.service import Clock, Scheduler
 from hami.scheduler.webhook import ReloadingTLS, WebhookTLSError
@@ -157,6 +157,8 @@ class SchedulerRole:
             elector = self.elector = elector_for(self.kube, settings.leader_election, sched)
             work.append(("leader-election", elector.run))
             work.append(("leader-mirror", lambda: mirror(elector, sched)))
+        else:
+            sole_replica(sched.metrics.registry)
         await self._serve_all(work)
         self._group = asyncio.get_running_loop().create_task(
             self._run_group(work), name="scheduler-role"
