@@ -1,0 +1,184 @@
+"""Filter without API I/O and the bind's one pod write, on the real API server (issue 11
+items 1 and 2). Requests are counted by a ``Kube`` that records what it sends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from _sched_helpers import (
+    FakeClock,
+    binding,
+    create_node,
+    create_pod,
+    delete_nodes,
+    gpu_pod,
+    post,
+    register,
+    running_scheduler,
+    unique,
+)
+
+from hami.kube.client import Kube
+from hami.protocol import keys
+from hami.testkit.cluster import poll
+
+pytestmark = pytest.mark.controlplane
+
+REPORTED = "Reported_2024-05-20 09:59:50"
+ALLOCATED = "hami.io/vgpu-devices-allocated"
+TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
+
+
+class CountingKube(Kube):
+    """The same session; every request it sends is recorded as (method, path)."""
+
+    def __init__(self, kube: Kube) -> None:
+        super().__init__(kube.api, kube.retry)
+        self.sent: list[tuple[str, str]] = []
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        self.sent.append((method, path))
+        return await super().request(method, path, **kwargs)
+
+    def since(self, mark: int) -> list[tuple[str, str]]:
+        """Requests after ``mark`` (a length of ``sent``), Events left out (they are
+        written in the background, whenever their sender runs)."""
+        return [(m, p) for m, p in self.sent[mark:] if "/events" not in p]
+
+
+async def one_node(kube: Kube, prefix: str) -> str:
+    name = unique(prefix)
+    await create_node(
+        kube,
+        name,
+        {
+            "hami.io/node-nvidia-register": register([f"GPU-{name}-0"], memory=10000, count=5),
+            "hami.io/node-handshake-nvidia": REPORTED,
+        },
+    )
+    return name
+
+
+async def test_filter_sends_nothing_and_bind_writes_the_pod_once(
+    kube: Kube, namespace: str
+) -> None:
+    counting = CountingKube(kube)
+    name = await one_node(kube, "io")
+    try:
+        async with running_scheduler(counting, FakeClock()) as role:
+            await poll(lambda: name in role.scheduler.cluster.nodes)
+            pod = await create_pod(kube, namespace, gpu_pod("p", mem=3000))
+            mark = len(counting.sent)
+            answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": [name]})
+            assert answer["NodeNames"] == [name], answer
+            assert counting.since(mark) == []  # no API request at all
+            stored = await kube.get_pod(namespace, "p")
+            assert keys.VGPU_NODE not in (stored["metadata"].get("annotations") or {})
+
+            mark = len(counting.sent)
+            assert await post(f"{role.url}/bind", binding(pod, name)) == {"Error": ""}
+            pod_path = f"/api/v1/namespaces/{namespace}/pods/p"
+            sent = counting.since(mark)
+            # lock (at the watch's resourceVersion: no read of the Node), one pod write,
+            # the Binding
+            assert sent == [
+                ("PATCH", f"/api/v1/nodes/{name}"),
+                ("PATCH", pod_path),
+                ("POST", f"{pod_path}/binding"),
+            ]
+            ann = (await kube.get_pod(namespace, "p"))["metadata"]["annotations"]
+            device = f"GPU-{name}-0,NVIDIA,3000,0:;"
+            assert ann[keys.VGPU_NODE] == name
+            assert ann[ALLOCATED] == ann[TO_ALLOCATE] == device
+            assert ann[keys.BIND_PHASE] == "allocating"
+            assert ann[keys.BIND_TIME] == ann[keys.VGPU_TIME]
+    finally:
+        await delete_nodes(kube, [name])
+
+
+async def test_a_watch_event_between_filter_and_bind_keeps_the_reservation(
+    kube: Kube, namespace: str
+) -> None:
+    name = await one_node(kube, "ev")
+    key = f"{namespace}/p"
+    try:
+        async with running_scheduler(kube, FakeClock()) as role:
+            cluster = role.scheduler.cluster
+            await poll(lambda: name in cluster.nodes)
+            pod = await create_pod(kube, namespace, gpu_pod("p", mem=8000))
+            answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": [name]})
+            assert answer["NodeNames"] == [name], answer
+            # the pod changes before its bind (a label, a status update, ...)
+            await kube.merge_patch(
+                f"/api/v1/namespaces/{namespace}/pods/p", {"metadata": {"labels": {"x": "1"}}}
+            )
+            # a later pod with a decision: once the scheduler has it, it has seen the
+            # patch above (one watch stream, in order)
+            marker = gpu_pod("marker", mem=100)
+            marker["metadata"]["annotations"] = {
+                keys.VGPU_NODE: "elsewhere",
+                ALLOCATED: "GPU-elsewhere,NVIDIA,100,0:;",
+            }
+            await create_pod(kube, namespace, marker)
+            await poll(lambda: f"{namespace}/marker" in cluster.pods)
+            assert cluster.pods[key].reserved
+            assert cluster.usage_snapshot()[name] == {f"GPU-{name}-0": (1, 8000, 0)}
+            # so a second pod cannot take the device meanwhile
+            other = await create_pod(kube, namespace, gpu_pod("other", mem=8000))
+            answer = await post(f"{role.url}/filter", {"Pod": other, "NodeNames": [name]})
+            assert answer["NodeNames"] == []
+            assert await post(f"{role.url}/bind", binding(pod, name)) == {"Error": ""}
+            # bind's own write shows up: the hold is the written decision now
+            await poll(lambda: key in cluster.pods and not cluster.pods[key].reserved)
+            assert cluster.usage_snapshot()[name] == {f"GPU-{name}-0": (1, 8000, 0)}
+    finally:
+        await delete_nodes(kube, [name])
+
+
+async def test_a_restart_between_filter_and_bind_loses_the_reservation_only(
+    kube: Kube, namespace: str
+) -> None:
+    name = await one_node(kube, "rs")
+    try:
+        async with running_scheduler(kube, FakeClock()) as role:
+            await poll(lambda: name in role.scheduler.cluster.nodes)
+            pod = await create_pod(kube, namespace, gpu_pod("p", mem=3000))
+            answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": [name]})
+            assert answer["NodeNames"] == [name], answer
+        async with running_scheduler(kube, FakeClock()) as again:
+            answer = await post(f"{again.url}/bind", binding(pod, name))
+            assert f"no reservation for pod {namespace}/p" in answer["Error"]
+            assert "kube-scheduler will schedule it again" in answer["Error"]
+            stored = await kube.get_pod(namespace, "p")
+            assert "nodeName" not in stored["spec"]  # not bound blindly
+            assert keys.VGPU_NODE not in (stored["metadata"].get("annotations") or {})
+            # kube-scheduler's next try: filter again, then bind
+            answer = await post(f"{again.url}/filter", {"Pod": pod, "NodeNames": [name]})
+            assert answer["NodeNames"] == [name], answer
+            assert await post(f"{again.url}/bind", binding(pod, name)) == {"Error": ""}
+            await kube.patch_node_annotations(name, {keys.NODE_LOCK: None})  # the agent's part
+            # a decision written before the restart (by us, or Go HAMi's filter) is kept
+            q = gpu_pod("q", mem=3000)
+            q["metadata"]["annotations"] = {
+                keys.VGPU_NODE: name,
+                ALLOCATED: f"GPU-{name}-0,NVIDIA,3000,0:;",
+                TO_ALLOCATE: f"GPU-{name}-0,NVIDIA,3000,0:;",
+            }
+            q = await create_pod(kube, namespace, q)
+            key = f"{namespace}/q"
+            await poll(lambda: key in again.scheduler.cluster.pods)
+            assert await post(f"{again.url}/bind", binding(q, name)) == {"Error": ""}
+            stored = await kube.get_pod(namespace, "q")
+            assert stored["spec"]["nodeName"] == name
+            assert stored["metadata"]["annotations"][keys.BIND_PHASE] == "allocating"
+        # a pod asking for no device hami manages is bound plainly, even unknown to us
+        async with running_scheduler(kube, FakeClock()) as third:
+            plain = {
+                "metadata": {"name": "plain"},
+                "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+            }
+            plain = await create_pod(kube, namespace, plain)
+            assert await post(f"{third.url}/bind", binding(plain, name)) == {"Error": ""}
+    finally:
+        await delete_nodes(kube, [name])
