@@ -24,7 +24,7 @@ from hami.scheduler.role import SchedulerRole
 from hami.scheduler.selftls import SelfTLS
 from hami.scheduler.webhook import WebhookTLSError
 from hami.testkit.cluster import poll
-from hami.testkit.controlplane import free_port
+from hami.testkit.controlplane import ControlPlane, free_port
 
 pytestmark = pytest.mark.controlplane
 MWC = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
@@ -225,13 +225,38 @@ async def test_racing_replicas_share_one_secret(kube: Kube, namespace: str) -> N
     assert {b.cert_pem for b in bundles} == {_b64(secret, "tls.crt")}
 
 
-async def test_a_secret_hami_does_not_manage_is_left_alone(kube: Kube, namespace: str) -> None:
+async def test_a_secret_of_another_type_is_left_alone(kube: Kube, namespace: str) -> None:
     names = {"secret": unique("theirs"), "configuration": unique("absent")}
     body = {"metadata": {"name": names["secret"]}, "stringData": {"note": "not ours"}}
     await kube.create(f"/api/v1/namespaces/{namespace}/secrets", body)
     cfg = _config(namespace, names, free_port(), "8760h")
-    with pytest.raises(WebhookTLSError, match="not managed by hami"):
+    with pytest.raises(WebhookTLSError, match=r"is not a kubernetes\.io/tls Secret"):
         async with SchedulerRole(cfg, kube):
             pass
     secret = await _secret(kube, namespace, names["secret"])
     assert set(secret["data"]) == {"note"}
+
+
+async def test_a_hand_made_tls_secret_is_adopted(
+    kube: Kube, namespace: str, webhook_names: dict[str, str], controlplane: ControlPlane
+) -> None:
+    # what docker/gen-webhook-certs.sh (or cert-manager) left: tls.crt and tls.key only
+    cert, key = controlplane.ca.issue("old", hosts=["127.0.0.1"], server=True)
+    body = {
+        "metadata": {"name": webhook_names["secret"]},
+        "type": "kubernetes.io/tls",
+        "data": {
+            "tls.crt": base64.b64encode(cert).decode(),
+            "tls.key": base64.b64encode(key).decode(),
+        },
+    }
+    await kube.create(f"/api/v1/namespaces/{namespace}/secrets", body)
+    port, tag = free_port(), unique("t")
+    await kube.create(MWC, _configuration(webhook_names["configuration"], namespace, port, tag))
+    async with SchedulerRole(_config(namespace, webhook_names, port, "8760h"), kube):
+        secret = await _secret(kube, namespace, webhook_names["secret"])
+        assert secret["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "hami-scheduler"
+        assert _b64(secret, "tls.crt") != cert
+        assert await _served(port) == x509.load_pem_x509_certificate(_b64(secret, "tls.crt"))
+        pod = await _wait_admitted(kube, namespace, tag)
+        assert pod["spec"]["schedulerName"] == "hami-scheduler"

@@ -162,13 +162,24 @@ class SelfTLS:
             return None
 
     def _check_owner(self, secret: dict[str, Any]) -> None:
+        """A TLS Secret of this name without hami's label (made by hand, or by cert-manager
+        before tls_mode was self) is adopted: its certificate is replaced unless it is a
+        valid bundle of ours. A Secret of another type is someone else's: left alone."""
         labels = (secret.get("metadata") or {}).get("labels") or {}
-        if labels.get(MANAGED_BY) != MANAGER:
+        if labels.get(MANAGED_BY) == MANAGER:
+            return
+        if secret.get("type") != "kubernetes.io/tls":
             raise certs.CertError(
-                f"secret {self.where} exists but is not managed by hami (no label "
-                f"{MANAGED_BY}={MANAGER}); delete it, or set scheduler.webhook.secret_name "
-                "to another name, or tls_mode: files to serve it as mounted files"
+                f"secret {self.where} exists, is not a kubernetes.io/tls Secret and hami did "
+                f"not make it (no label {MANAGED_BY}={MANAGER}); rename it, or set "
+                "scheduler.webhook.secret_name to another name"
             )
+        self._warn_once(
+            "adopt",
+            "adopting a TLS secret hami did not make (an earlier certificate made by hand or "
+            "by cert-manager); its certificate is replaced unless it is a valid hami bundle",
+            secret=self.where,
+        )
 
     def _body(self, bundle: certs.Bundle, current: dict[str, Any] | None = None) -> dict[str, Any]:
         meta: dict[str, Any] = {
