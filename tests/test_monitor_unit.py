@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pynvml
-from _monitor_helpers import RegionSpec, write_region
+from _monitor_helpers import RegionSpec, region_bytes, write_region
 from _nvml_helpers import FakeGpu, FakeNvml, Handle, nvml_error
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -144,3 +144,54 @@ def test_any_decoded_values_render_as_valid_exposition(regions: list[Region], na
     assert len(families["hami_vgpu_memory_used_bytes"].samples) == expected
     for sample in families["hami_container_last_kernel_elapsed_seconds"].samples:
         assert sample.value >= 0
+
+
+entry_kinds = st.sampled_from(["dir", "symlink-dir", "file", "fifo", "region", "garbage"])
+entry_names = st.one_of(
+    st.builds(lambda c: f"{uuid.uuid4()}_{c}", st.sampled_from(["a", "b_c", "x"])),
+    st.sampled_from(["_", "a_", "_b", "noscore", "x_y", "..._z"]),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    entries=st.lists(st.tuples(entry_names, entry_kinds, st.binary(max_size=64)), max_size=8),
+    current=st.booleans(),
+)
+def test_any_containers_dir_scans_without_raising(
+    entries: list[tuple[str, str, bytes]], current: bool
+) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as d:
+        root, outside = Path(d) / "containers", Path(d) / "outside"
+        root.mkdir()
+        outside.mkdir()
+        (outside / "keep.cache").write_bytes(b"x")
+        for name, kind, data in entries:
+            path = root / name
+            if path.exists() or path.is_symlink():
+                continue
+            if kind == "symlink-dir":
+                path.symlink_to(outside, target_is_directory=True)
+            elif kind == "file":
+                path.write_bytes(data)
+            elif kind == "fifo":
+                os.mkfifo(path)
+            else:
+                path.mkdir()
+                if kind == "region":
+                    (path / "a1.cache").write_bytes(region_bytes(RegionSpec()))
+                elif kind == "garbage":
+                    (path / "g.cache").write_bytes(data)
+                    (path / "s.cache").symlink_to(outside / "keep.cache")
+        then = time.time() - 3600
+        for path in root.iterdir():
+            os.utime(path, (then, then), follow_symlinks=False)
+        clock = [0.0]
+        scanner = Scanner([str(root)], grace=1, clock=lambda: clock[0])
+        for step in (0, 5):
+            clock[0] = step
+            result = scanner.scan(PodView({}, current=current))
+            assert all(f.cache.region.layout == "v1" for f in result.found)
+        assert (outside / "keep.cache").read_bytes() == b"x"

@@ -191,7 +191,9 @@ class Scanner:
             try:
                 dir_fd = open_dir(name, dir_fd=root_fd)
             except OSError as exc:
-                _log.warning("monitor.feedback_failed", file=path, error=exc.strerror)
+                self._feedback_failed(
+                    root, name, path, f"cannot open the directory: {exc.strerror}"
+                )
                 continue
             try:
                 for fld, value in (
@@ -203,6 +205,11 @@ class Scanner:
                         result.feedback_writes += 1
                         _log.debug("monitor.feedback", file=path, field=fld, value=value)
             except CacheError as exc:
-                _log.warning("monitor.feedback_failed", file=path, error=str(exc))
+                self._feedback_failed(root, name, path, str(exc))
             finally:
                 os.close(dir_fd)
+
+    def _feedback_failed(self, root: str, name: str, path: str, error: str) -> None:
+        if self._logged.get((root, name)) != error:  # once per distinct error, not per pass
+            self._logged[(root, name)] = error
+            _log.warning("monitor.feedback_failed", file=path, error=error)
