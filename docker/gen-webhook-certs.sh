@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Makes a CA and a serving certificate for the hami webhook service, and prints the
 # kubectl commands that install them. Usage: gen-webhook-certs.sh [OUT_DIR] [NAMESPACE]
+# Only for scheduler.webhook.tls_mode: files (a certificate you manage yourself, mounted
+# from the Secret). The default, tls_mode: self, makes, trusts and rotates its own
+# (docs/operations.md, "Certificates"); cert-manager is the chart's other choice.
 set -euo pipefail
 out="${1:-./hami-certs}"
 ns="${2:-hami-system}"
