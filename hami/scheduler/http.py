@@ -151,7 +151,8 @@ def add_probe_routes(
     async def readyz(request: web.Request) -> web.Response:
         reason = not_ready()
         if reason is None:
-            return web.Response(text="ok")
+            # a standby is ready (it serves the webhook, its picture is warm) but says so
+            return web.Response(text="ok" if scheduler.leading else "ok: standby")
         return web.Response(text=reason, status=503)
 
     async def metrics(request: web.Request) -> web.Response:
