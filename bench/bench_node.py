@@ -50,9 +50,11 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import yaml
 from grpclib.client import Channel
 
@@ -128,23 +130,33 @@ class ApiTally:
         return timed
 
 
-class TalliedKube:
-    """A ``Kube``'s node-agent calls, each timed into ``tally``."""
+def call_name(method: str, path: str) -> str:
+    """``GET node``, ``PATCH pod``, ``GET pods`` (a list), ... for a request path."""
+    if path.startswith("/api/v1/nodes/"):
+        return f"{method} node"
+    if path.endswith("/pods"):
+        return f"{method} pods"
+    return f"{method} pod"
 
-    def __init__(self, kube: Kube, tally: ApiTally) -> None:
-        self.kube = kube
+
+class TalliedKube(Kube):
+    """A ``Kube`` whose requests are timed into ``tally`` once ``counting``: the agent hands
+    ``with_retry``'s client to its Allocator (counted: each request is one round trip) and
+    keeps this one for registration and its watches (not per-Allocate work)."""
+
+    def __init__(self, kube: Kube, tally: ApiTally, *, counting: bool = False) -> None:
+        super().__init__(kube.api, kube.retry)
         self.tally = tally
-        self.get_node = tally.wrap("get node", kube.get_node)
-        self.get_pod = tally.wrap("get pod", kube.get_pod)
-        self.patch_node_annotations = tally.wrap("patch node", kube.patch_node_annotations)
-        self.patch_pod_annotations = tally.wrap("patch pod", kube.patch_pod_annotations)
-        self._list_pods = tally.wrap("list pods", kube.list_pods)
-
-    async def list_pods(self, **selectors: Any) -> Any:
-        return await self._list_pods(**selectors)
+        self.counting = counting
 
     def with_retry(self, policy: RetryPolicy) -> TalliedKube:
-        return TalliedKube(self.kube.with_retry(policy), self.tally)
+        return TalliedKube(Kube(self.api, policy), self.tally, counting=True)
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        if not self.counting:
+            return await super().request(method, path, **kwargs)
+        send = self.tally.wrap(call_name(method, path), super().request)
+        return await send(method, path, **kwargs)
 
 
 # --------------------------------------------------------------------------- the scheduler's part
@@ -201,6 +213,7 @@ class AllocateRun:
     preferred_api_calls: list[int] = field(default_factory=list)
     steered_wrong: int = 0  # a preferred replica not on the scheduler's device
     errors: int = 0
+    served: dict[str, int] = field(default_factory=dict)  # lookups from the watches / the API
 
 
 async def allocate_pods(
@@ -214,6 +227,7 @@ async def allocate_pods(
     tag: str,
     tally: ApiTally | None = None,
     backend: FakeBackend | None = None,
+    seen: Callable[[str], Awaitable[bool]] | None = None,
 ) -> AllocateRun:
     """Bind ``pods`` pods of ``containers`` containers (untimed), then Allocate each
     container over gRPC as kubelet would and time the calls."""
@@ -237,6 +251,10 @@ async def allocate_pods(
             )
             lock = NodeLock(datetime.now(UTC), NAMESPACE, name).encode()
             await kube.patch_node_annotations(node, {keys.NODE_LOCK: lock})
+            if seen is not None:
+                # kubelet calls Allocate once its own watch shows the bound pod; the
+                # agent's watch runs alongside it: wait for it too (untimed)
+                await poll(partial(seen, name), 10, f"the agent's watch to show {name}", 0.001)
             if backend is not None:
                 began = time.perf_counter()
                 plan_allocation(created, backend, [1], node_devices)
@@ -303,7 +321,7 @@ async def in_process(
     agent = NodeAgent(
         Config(),
         node_name=node,
-        kube=TalliedKube(kube, tally),  # type: ignore[arg-type]
+        kube=TalliedKube(kube, tally),
         backends={"fake": backend},
         register_period=3600,  # one registration at start-up, none during the runs
         device_plugin_dir=str(work / "plugins"),
@@ -318,12 +336,34 @@ async def in_process(
         await poll(lambda: _registered(agent), 30, "the first registration", interval=0.05)
         socket = work / "plugins" / "hami-nvidia.sock"
         uuids = [d.uuid for d in await backend.enumerate()]
+        cache = agent.cache
+
+        async def seen(name: str) -> bool:
+            if cache is None or args.no_wait:
+                return True
+            meta = (cache.node_object or {}).get("metadata") or {}
+            lock = (meta.get("annotations") or {}).get(keys.NODE_LOCK, "")
+            return lock.endswith(f",{name}") and cache.pod(NAMESPACE, name) is not None
+
         for containers in (1, 3):
             before = dict(tally.by_call)
+            assert agent.allocator is not None
+            served = dict(agent.allocator.served)
             run = await allocate_pods(
-                kube, node, socket, uuids, args.split, containers, args.pods, "in", tally, backend
+                kube,
+                node,
+                socket,
+                uuids,
+                args.split,
+                containers,
+                args.pods,
+                "in",
+                tally,
+                backend,
+                seen,
             )
             run.by_call = {k: v - before.get(k, 0) for k, v in tally.by_call.items()}
+            run.served = {k: v - served[k] for k, v in agent.allocator.served.items()}
             results[containers] = run
     finally:
         await agent.stop()
@@ -368,6 +408,12 @@ async def registration(kube: Kube, work: Path, devices: int, passes: int) -> dic
 # --------------------------------------------------------------------------- agent process
 
 
+async def healthz(url: str) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        body: dict[str, Any] = await response.json()
+        return body
+
+
 def spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
     """Start the agent in its own session (so it can be killed as a group), output to a file."""
     with open(log_path, "wb") as out:
@@ -380,12 +426,13 @@ async def agent_process(
     node = "bench-node-p"
     await create_node(kube, node)
     plugins = work / "proc-plugins"
+    port = free_port()
     cfg = {
         "log": {"level": "warning", "format": "json"},
         "node": {
             "register_period": "30s",
             "device_plugin_dir": str(plugins),
-            "http": {"address": "127.0.0.1", "port": free_port()},
+            "http": {"address": "127.0.0.1", "port": port},
         },
         "backends": {
             "nvidia": {"enabled": False},
@@ -417,10 +464,25 @@ async def agent_process(
         await asyncio.sleep(1.0)
         idle = rss_mib(proc.pid)
         uuids = [f"GPU-{node}-{i}" for i in range(args.devices)]
-        runs = {
-            c: await allocate_pods(kube, node, socket, uuids, args.split, c, args.pods, "proc")
-            for c in (1, 3)
-        }
+        url = f"http://127.0.0.1:{port}/healthz"
+        names: set[str] = set()
+
+        async def seen(name: str) -> bool:
+            # the agent's watch has every bench pod of its node (none is ever deleted)
+            names.add(name)
+            if args.no_wait:
+                return True
+            status = await healthz(url)
+            return int((status.get("pod_cache") or {}).get("pods", 0)) >= len(names)
+
+        runs = {}
+        for c in (1, 3):
+            before = (await healthz(url)).get("allocate_reads") or {}
+            runs[c] = await allocate_pods(
+                kube, node, socket, uuids, args.split, c, args.pods, "proc", seen=seen
+            )
+            reads = (await healthz(url)).get("allocate_reads") or {}
+            runs[c].served = {k: int(v) - int(before.get(k, 0)) for k, v in reads.items()}
         after = rss_mib(proc.pid)
     finally:
         if proc.poll() is None:
@@ -472,6 +534,11 @@ def notes(runs: dict[int, AllocateRun]) -> list[str]:
     for containers, run in runs.items():
         line = f"  {containers}-container pods: {run.errors} errors"
         line += f", {run.steered_wrong} preferred replicas off the scheduler's device"
+        if run.served:
+            line += (
+                f"; pod found in the watches {run.served.get('cache', 0)} times, "
+                f"by API reads {run.served.get('api', 0)} (GetPreferred and Allocate)"
+            )
         if run.by_call:
             calls = ", ".join(f"{k} {v}" for k, v in sorted(run.by_call.items()))
             per_trip = sum(run.api) / max(1, sum(run.api_calls))
@@ -546,6 +613,11 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--split", type=int, default=10)
     parser.add_argument("--no-process", action="store_true", help="skip the agent process run")
+    parser.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="call Allocate right after the bind, without waiting for the agent's watch",
+    )
     args = parser.parse_args()
     log.configure("warning", "console", stream=sys.stderr)
     asyncio.run(bench(args))

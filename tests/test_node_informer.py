@@ -150,7 +150,10 @@ class Rig:
         await poll(check, 30, f"the watches to show pod {name} and its lock", interval=0.02)
 
     async def allocate(self, count: int = 1) -> Any:
-        return await self.allocator.allocate(self.backend, [count], await self.backend.enumerate())
+        """One Allocate, and the lock release it may have left in flight."""
+        plan = await self.allocator.allocate(self.backend, [count], await self.backend.enumerate())
+        await self.allocator.settle()
+        return plan
 
 
 @pytest.fixture

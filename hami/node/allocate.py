@@ -412,6 +412,14 @@ class Allocator:
         self.log = _log.bind(role="node", node=node)
         # where each Allocate/GetPreferredAllocation found its pod: the watches or the API
         self.served = {"cache": 0, "api": 0}
+        # the lock release after a pod's last container, sent after kubelet has its answer
+        self._releasing: asyncio.Task[None] | None = None
+
+    async def settle(self) -> None:
+        """Wait for a lock release still in flight (the next call, shutdown, tests)."""
+        task, self._releasing = self._releasing, None
+        if task is not None:
+            await task
 
     async def _find(self, backend: Backend) -> tuple[Pod | None, Mapping[str, Any]]:
         """The pod from the API server: the Node (its lock), the lock's pod, else the
@@ -474,6 +482,7 @@ class Allocator:
         self, backend: Backend, requested: Sequence[int], node_devices: Sequence[Device]
     ) -> AllocationPlan:
         async with self.lock:
+            await self.settle()  # writes to the Node stay in order
             cached = self._find_cached(backend)
             if cached is not None:
                 plan = await self._allocate_cached(*cached, backend, requested, node_devices)
@@ -512,11 +521,22 @@ class Allocator:
         self.served["cache"] += 1
         self._remember(answer)
         if plan.done:
-            assert self.cache is not None
-            if not await self.cache.release_lock(lock_value):
-                await self._release_lock(ref)
+            # kubelet need not wait for it: the pod's bind-phase is success from the write
+            # above, so the lock already counts as stale (hami.kube.nodelock) if this is lost
+            self._releasing = asyncio.create_task(
+                self._release_cached(ref, lock_value), name=f"release-lock[{ref}]"
+            )
         self._allocated(plan, backend, "watch")
         return plan
+
+    async def _release_cached(self, ref: str, lock_value: str) -> None:
+        """Release the lock by its value; if it changed meanwhile, read the Node and decide."""
+        assert self.cache is not None
+        try:
+            if not await self.cache.release_lock(lock_value):
+                await self._release_lock(ref)
+        except Exception as exc:
+            self.log.warning("node_lock_release_failed", pod=ref, error=str(exc))
 
     async def _allocate(
         self, backend: Backend, requested: Sequence[int], node_devices: Sequence[Device]
