@@ -10,6 +10,7 @@
 Tasks, all under one ``asyncio.TaskGroup`` (each named, each failure logged at once):
 
 - ``http``: ``/healthz`` and ``/metrics``;
+- ``monitor``: per-container usage from HAMi-core's files (``hami.node.monitor``);
 - ``pod-cache``: watches of this Node and of the pods bound to it, which ``Allocate``
   reads instead of the API server (``hami.node.podcache``; not with an in-memory client);
 - per backend with devices: ``register[{name}]`` (the Node annotations),
@@ -30,6 +31,7 @@ from hami.backends import registry
 from hami.backends.base import Backend, BackendError
 from hami.kube.raw import PATIENT_RETRY, RetryPolicy
 from hami.node import http
+from hami.node import monitor as usage
 from hami.node.allocate import Allocator, NodeKube
 from hami.node.metrics import NodeMetrics
 from hami.node.plugin import PluginServer
@@ -104,6 +106,7 @@ class NodeAgent:
         self.registrars: dict[str, Registrar] = {}
         self.plugins: dict[str, PluginServer] = {}
         self.allocator: Allocator | None = None
+        self.monitor: usage.UsageMonitor | None = None
         self.watch_pods = watch_pods
         self.cache: NodeCache | None = None
         self.log = _log.bind(role="node", node=self.node)
@@ -187,6 +190,19 @@ class NodeAgent:
                 try:
                     async with asyncio.TaskGroup() as tg:
                         tg.create_task(self._wait_stop(), name="stop")
+                        # per-container usage, cleanup and priority feedback (HAMi-core files)
+                        self.monitor = usage.create(
+                            self.cfg.node.monitor,
+                            self.node,
+                            kube,
+                            backends.values(),
+                            self.metrics,
+                            cache=self.cache,
+                        )
+                        if self.monitor is not None:
+                            tg.create_task(
+                                self._logged("monitor", self.monitor.run()), name="monitor"
+                            )
                         if self.cache is not None:
                             tg.create_task(
                                 self._logged("pod-cache", self.cache.run()), name="pod-cache"
