@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -33,6 +32,7 @@ from hami.kube.raw import (
     KubeError,
     RetryPolicy,
     Unreachable,
+    loads,
     parse_retry_after,
     with_retry,
 )
@@ -116,7 +116,7 @@ class Kube:
                 raise Unreachable(repr(exc), path, sent=True) from exc
             finally:
                 response.release()
-            decoded: JSON = json.loads(data) if data else {}
+            decoded: JSON = loads(data) if data else {}
             return decoded
 
         result: JSON = await with_retry(method, attempt, self.retry, self._sleep, self._clock)
@@ -272,7 +272,7 @@ async def _status_error(response: aiohttp.ClientResponse, path: str) -> KubeErro
         response.release()
     message = text
     with contextlib.suppress(ValueError, AttributeError):
-        message = json.loads(text).get("message", text)
+        message = loads(text).get("message", text)
     error = STATUS_ERRORS.get(response.status, KubeError)(
         response.status, str(response.reason), message, path
     )
@@ -281,14 +281,24 @@ async def _status_error(response: aiohttp.ClientResponse, path: str) -> KubeErro
 
 
 async def _json_lines(response: aiohttp.ClientResponse) -> AsyncIterator[JSON]:
-    buffer = b""
+    """The JSON objects of a line-delimited stream, in time linear in its length: each
+    chunk is scanned once and a line split over chunks is joined once (re-splitting a
+    growing buffer copied it once per line)."""
+    parts: list[bytes] = []  # the start of a line that has not ended yet
     async for chunk in response.content.iter_any():
-        buffer += chunk
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            line = chunk[start:end]
+            if parts:
+                parts.append(line)
+                line = b"".join(parts)
+                parts.clear()
+            start = end + 1
             if line.strip():
-                event: JSON = json.loads(line)
+                event: JSON = loads(line)
                 yield event
+        if start < len(chunk):
+            parts.append(chunk[start:])
 
 
 # --------------------------------------------------------------------------- construction

@@ -186,6 +186,15 @@ class Scheduler:
 
     def on_pod(self, kind: str, obj: Json) -> None:
         key = pod_key(obj)
+        if (
+            key not in self.cluster.pods
+            and key not in self.cluster.lapsed
+            and key not in self._pod_errors
+            and keys.VGPU_NODE not in annotations_of(obj)
+        ):
+            # Holds nothing, held nothing: most pod events (other pods' status changes)
+            # stop here in O(1), without decoding anything.
+            return
         if kind == "DELETED":
             self.cluster.delete_pod(key)
             self._pod_errors.pop(key, None)
