@@ -695,7 +695,10 @@ class Scheduler:
                 continue
             except KubeError as exc:
                 raise BindError(f"hami bind: locking node {node} failed: {exc}") from exc
-            self._lock_writes[node] = (str(metadata_of(written).get("resourceVersion") or ""), lock)
+            version = str(metadata_of(written).get("resourceVersion") or "")
+            seen = self.cluster.nodes.get(node)
+            if seen is None or (seen.resource_version != version and seen.lock != lock):
+                self._lock_writes[node] = (version, lock)  # the watch has not shown it yet
             return
 
     async def _read_node(self, node: str) -> Json:
