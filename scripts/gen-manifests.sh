@@ -3,6 +3,9 @@
 # deployment): `helm template` with the chart's defaults for a release "hami" in namespace
 # hami-system, plus what plain manifests need and a cluster would tell helm (the Namespace
 # object, the ServiceMonitor, the Kubernetes version that kube-scheduler's tag follows).
+# The Grafana dashboards stay out: they are charts/hami/dashboards/*.json themselves, and a
+# copy here would go stale with every dashboard edit (docs/operations.md has the one
+# kubectl command that makes their ConfigMap).
 # One file per chart template, so `kubectl apply -f docker/manifests/` applies in order.
 #   gen-manifests.sh [OUT_DIR]   write there instead of docker/manifests (the test that the
 #                                committed manifests are up to date uses it)
@@ -22,7 +25,8 @@ trap 'rm -f "$rendered"' EXIT
 "$helm" template hami "$root/charts/hami" --namespace hami-system \
   --kube-version "$kube_version" \
   --api-versions monitoring.coreos.com/v1/ServiceMonitor \
-  --set createNamespace=true --set prometheus.enabled=true > "$rendered"
+  --set createNamespace=true --set prometheus.enabled=true --set dashboards.enabled=false \
+  > "$rendered"
 mkdir -p "$out"
 rm -f "$out"/*.yaml
 # Split at helm's "# Source: hami/templates/<file>" lines; a file's objects stay in the
