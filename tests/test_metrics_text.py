@@ -124,7 +124,12 @@ def test_go_hami_families_have_its_labels_and_units_beside_ours() -> None:
         ),
         NOW,
     )
-    found = samples(SchedulerMetrics(c).render())
+    text = SchedulerMetrics(c).render()
+    found = samples(text)
+    # Each sample sits under its own family's HELP/TYPE (else the parser calls it untyped).
+    types = {f.name: f.type for f in text_string_to_metric_families(text.decode())}
+    assert all(types[name] == "gauge" for name in GO_LABELS), types
+    assert types["hami_device_memory_allocated_mib"] == "gauge"
 
     for name, labels in GO_LABELS.items():
         assert found.get(name), f"{name} missing"
