@@ -133,6 +133,7 @@ class LeaderElector:
         if step is Step.RELEASE:
             await self.release()
             return
+        sent = self.monotonic()  # the Lease's new renewTime is no older than this
         try:
             await self._write(step, record)
         except KubeError as exc:
@@ -141,7 +142,9 @@ class LeaderElector:
             _log.info("leader lease write failed", step=step.value, error=str(exc))
             self._set(self.leading)
             return
-        self._renewed_at = self.monotonic()
+        # counted from before the write: a slow answer must not stretch the deadline
+        # past what a standby, which saw the write, allows
+        self._renewed_at = sent
         self._set(True)
 
     async def release(self) -> None:
@@ -221,21 +224,17 @@ def elector_for(kube: Kube, settings: LeaderElectionConfig, scheduler: Any) -> L
         podinfo.identity(settings.identity),
         registry=scheduler.metrics.registry,
     )
-    _apply(scheduler, False)
+    # read on every handshake pass, filter and bind: never a stale copy
+    scheduler.lead_check = lambda: elector.leading
+    scheduler.metrics.cluster_gauges = False
     return elector
 
 
-def _apply(scheduler: Any, leading: bool) -> None:
-    scheduler.leading = leading
-    scheduler.metrics.cluster_gauges = leading
-
-
 async def mirror(elector: LeaderElector, scheduler: Any, period: float = 0.5) -> None:
-    """Keep ``scheduler.leading`` (read by the handshake, /filter, /bind and the cluster
-    gauges) equal to ``elector.leading``: at once on a change, and every ``period`` for a
-    leader whose renewals lapsed."""
+    """Export the cluster gauges only while leading: switched at once on a change, and
+    every ``period`` for a leader whose renewals lapsed."""
     while True:
-        _apply(scheduler, elector.leading)
+        scheduler.metrics.cluster_gauges = elector.leading
         elector.changed.clear()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(period):

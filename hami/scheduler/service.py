@@ -242,9 +242,15 @@ class Scheduler:
 
     # ------------------------------------------------------------------ handshake
 
-    # False on a standby replica (hami.scheduler.leader): it writes nothing, and its
-    # extender answers with an error so that kube-scheduler retries.
-    leading: bool = True
+    # Set by hami.scheduler.leader: whether this replica holds the Lease now (checked
+    # against the renew deadline on every call). None: a sole replica, always leading.
+    lead_check: Callable[[], bool] | None = None
+
+    @property
+    def leading(self) -> bool:
+        """False on a standby replica: it writes nothing, and its extender answers with an
+        error so that kube-scheduler retries."""
+        return self.lead_check is None or self.lead_check()
 
     async def handshake_pass(self) -> None:
         """One pass of protocol.md section 2 over every known node."""
