@@ -17,7 +17,9 @@ from prometheus_client import CollectorRegistry
 from hami.kube.client import Kube
 from hami.kube.raw import JSON
 from hami.kube.recorder import EventRecorder
-from hami.testkit.cluster import poll
+from hami.testkit.cluster import LocalCluster, NodeSpec, limits, poll
+from hami.testkit.cluster import gpu_pod as cluster_pod
+from hami.testkit.controlplane import ControlPlane
 
 pytestmark = pytest.mark.controlplane
 
@@ -184,3 +186,45 @@ async def test_role_unschedulable_pod_retried_makes_at_most_a_few_events(
         events = await _events(kube, namespace, "waits")
         assert [e["reason"] for e in events] == ["FilteringFailed"]
         assert events[0]["count"] == 50
+
+
+async def test_kube_scheduler_retrying_an_unschedulable_pod_makes_at_most_a_few_events(
+    controlplane: ControlPlane,
+) -> None:
+    """Issue 11's target: kube-scheduler retries a pod nothing can take (back-off 1 s, and
+    on every node change); hami's Events for it stay within the per-pod burst, and their
+    counts add up to every FilteringFailed once flushed."""
+    nodes = (NodeSpec("ev-gpu", ({"count": 1, "model": "NVIDIA-Tesla T4", "memory": 15360},)),)
+    async with LocalCluster(nodes, plane=controlplane) as cluster:
+        role = cluster.role
+        assert role is not None
+        registry = role.scheduler.metrics.registry
+
+        def failed_filters() -> float:
+            value = registry.get_sample_value("hami_filter_total", {"outcome": "unschedulable"})
+            return value or 0.0
+
+        began = asyncio.get_running_loop().time()
+        await cluster.create_pod(cluster_pod("huge", [limits(1, mem=100_000)]))
+        await poll(lambda: failed_filters() >= 20, 60, "20 filter retries of the pod")
+        elapsed = asyncio.get_running_loop().time() - began
+        ours = [
+            e
+            for e in await cluster.events("huge")
+            if (e.get("source") or {}).get("component") == "hami-scheduler"
+        ]
+        # burst 5, then one more write a minute (hami.kube.eventfold)
+        assert 1 <= len(ours) <= 5 + int(elapsed // 60), ours
+        retries = failed_filters()
+        await role.scheduler.drain()
+        ours = [
+            e
+            for e in await cluster.events("huge")
+            if (e.get("source") or {}).get("component") == "hami-scheduler"
+        ]
+        assert {e["reason"] for e in ours} == {"FilteringFailed"}
+        assert sum(e["count"] for e in ours) >= retries
+        print(
+            f"\nunschedulable pod: {retries:.0f} filter calls in {elapsed:.1f}s -> "
+            f"{len(ours)} Event object(s), counts {[e['count'] for e in ours]}"
+        )
