@@ -203,11 +203,19 @@ async def test_a_short_validity_rotates_the_certificate_and_admission_still_work
             return selftls.rotations >= 1 and await _served(port) != first
 
         await poll(rotated, 40, "the serving certificate renewed and reloaded")
-        secret = await _secret(kube, namespace, webhook_names["secret"])
-        now_served = await _served(port)
-        assert now_served == x509.load_pem_x509_certificate(_b64(secret, "tls.crt"))
-        assert now_served.serial_number != first.serial_number
-        assert _b64(secret, "ca.crt") == ca  # same CA: the caBundle did not have to change
+        seen: dict[str, Any] = {}
+
+        async def serves_the_secret() -> bool:
+            # read twice in a row: a further renewal may fall between two reads
+            seen["secret"] = await _secret(kube, namespace, webhook_names["secret"])
+            seen["served"] = await _served(port)
+            return bool(
+                seen["served"] == x509.load_pem_x509_certificate(_b64(seen["secret"], "tls.crt"))
+            )
+
+        await poll(serves_the_secret, 20, "the renewed certificate of the Secret served")
+        assert seen["served"].serial_number != first.serial_number
+        assert _b64(seen["secret"], "ca.crt") == ca  # same CA: the caBundle need not change
         pod = await _wait_admitted(kube, namespace, tag)
         assert pod["spec"]["schedulerName"] == "hami-scheduler"
 
