@@ -113,8 +113,10 @@ async def _served(port: int) -> x509.Certificate:
     return x509.load_pem_x509_certificate(pem.encode())
 
 
-async def _admitted(kube: Kube, namespace: str, tag: str) -> dict[str, Any]:
-    """A dry-run pod create that the API server sends through the webhook."""
+async def _admitted(
+    kube: Kube, namespace: str, tag: str, *, dry_run: bool = True
+) -> dict[str, Any]:
+    """A pod create (dry run unless told) that the API server sends through the webhook."""
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -130,7 +132,10 @@ async def _admitted(kube: Kube, namespace: str, tag: str) -> dict[str, Any]:
         },
     }
     return await kube.request(
-        "POST", f"/api/v1/namespaces/{namespace}/pods", body=pod, query=[("dryRun", "All")]
+        "POST",
+        f"/api/v1/namespaces/{namespace}/pods",
+        body=pod,
+        query=[("dryRun", "All")] if dry_run else [],
     )
 
 
@@ -176,6 +181,8 @@ async def test_the_role_provisions_its_certificate_and_admission_uses_it(
         pod = await _wait_admitted(kube, namespace, tag)
         assert pod["spec"]["schedulerName"] == "hami-scheduler"  # the webhook's mutation
         assert role.webhook_url == f"https://127.0.0.1:{port}/webhook"
+        stored = await _admitted(kube, namespace, tag, dry_run=False)  # a real pod too
+        assert stored["spec"]["schedulerName"] == "hami-scheduler"
 
     # a second start (a restart, another replica) reuses the Secret as it is
     async with SchedulerRole(cfg, kube):
