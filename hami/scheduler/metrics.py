@@ -20,9 +20,13 @@ changed and joins the kept bytes, in slices that yield to the event loop in betw
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import threading
 import time
 import zlib
 from collections.abc import Awaitable, Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -360,8 +364,8 @@ class SchedulerMetrics:
         """Write the exposition piece by piece, yielding to the event loop between
         pieces so that filter and bind calls are never held up by a scrape; bytes sent.
 
-        With ``gzip`` the body is one gzip stream, compressed in a worker thread (zlib
-        lets go of the GIL while it works, so the loop runs meanwhile)."""
+        With ``gzip`` the body is one gzip stream, compressed in a worker thread of lower
+        priority (zlib lets go of the GIL while it works, so the loop runs meanwhile)."""
         if self.cluster_gauges:
             await self.cluster_text.catch_up_async()
         packer = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS) if gzip else None
@@ -387,10 +391,27 @@ async def _send(
     data = b"".join(pending)
     pending.clear()
     if packer is not None:
-        data = await asyncio.to_thread(_deflate, packer, data, final)
+        loop = asyncio.get_running_loop()
+        data = await loop.run_in_executor(_gzip_thread(), _deflate, packer, data, final)
     if data:
         await write(data)
     return len(data)
+
+
+_GZIP_THREAD: list[ThreadPoolExecutor] = []  # one per process, made on the first gzip scrape
+
+
+def _gzip_thread() -> ThreadPoolExecutor:
+    if not _GZIP_THREAD:
+        _GZIP_THREAD.append(ThreadPoolExecutor(1, "hami-metrics-gzip", initializer=_lower_priority))
+    return _GZIP_THREAD[0]
+
+
+def _lower_priority() -> None:
+    """Linux nices threads one by one: where cores are short, the event loop's thread
+    goes first and the compression waits."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
 
 
 def _deflate(packer: Any, data: bytes, final: bool) -> bytes:
