@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+import socket
+from pathlib import Path
 
+import pytest
+
+from hami.scheduler import podinfo
 from hami.scheduler.lease import (
     LeaseRecord,
     Step,
@@ -78,3 +83,17 @@ def test_follows_matches_kube_schedulers_holder_form() -> None:
     assert not follows("hami-scheduler-7d9f-abcdef_0f3c2a", "hami-scheduler-7d9f-abcde")
     assert not follows("", "pod")
     assert not follows("_x", "")
+
+
+def test_namespace_and_identity_come_from_config_then_the_pod(tmp_path: Path) -> None:
+    account = tmp_path / "namespace"
+    key = "scheduler.leader_election.namespace"
+    assert podinfo.namespace("cfg", key, {"POD_NAMESPACE": "env"}, account) == "cfg"
+    assert podinfo.namespace("", key, {"POD_NAMESPACE": "env"}, account) == "env"
+    account.write_text("from-account\n")
+    assert podinfo.namespace("", key, {}, account) == "from-account"
+    with pytest.raises(podinfo.PodInfoError, match=r"config key scheduler\.leader_election"):
+        podinfo.namespace("", key, {}, tmp_path / "absent")
+    assert podinfo.identity("me", {"POD_NAME": "pod"}) == "me"
+    assert podinfo.identity("", {"POD_NAME": "pod"}) == "pod"
+    assert podinfo.identity("", {}) == socket.gethostname()

@@ -109,7 +109,7 @@ class SelfTLS:
             return
         self._write(bundle)
         assert self.tls is not None
-        if self.tls.maybe_reload():
+        if self.tls.maybe_reload(force=True):
             self.bundle = bundle
             self.rotations += 1
 

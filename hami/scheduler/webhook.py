@@ -237,13 +237,15 @@ class ReloadingTLS:
         key = os.stat(self.key_file)
         return (cert.st_mtime, cert.st_size, key.st_mtime, key.st_size)
 
-    def maybe_reload(self) -> bool:
+    def maybe_reload(self, force: bool = False) -> bool:
+        """Reload if the files changed (or ``force``: the caller knows they did, e.g. the
+        self-provisioned certificate, whose rewrite could keep mtime and size)."""
         try:
             stamp = self._read_stamp()
         except OSError as exc:
             _log.warning("webhook certificate unreadable, keeping the old one", error=str(exc))
             return False
-        if stamp == self._stamp:
+        if stamp == self._stamp and not force:
             return False
         try:
             self.context.load_cert_chain(self.cert_file, self.key_file)
