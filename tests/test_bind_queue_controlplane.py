@@ -3,9 +3,8 @@ items 1 and 2). Requests are counted by a ``Kube`` that records what it sends.""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
+from _counting_kube import CountingKube
 from _sched_helpers import (
     FakeClock,
     binding,
@@ -30,23 +29,6 @@ ALLOCATED = "hami.io/vgpu-devices-allocated"
 TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
 
 
-class CountingKube(Kube):
-    """The same session; every request it sends is recorded as (method, path)."""
-
-    def __init__(self, kube: Kube) -> None:
-        super().__init__(kube.api, kube.retry)
-        self.sent: list[tuple[str, str]] = []
-
-    async def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        self.sent.append((method, path))
-        return await super().request(method, path, **kwargs)
-
-    def since(self, mark: int) -> list[tuple[str, str]]:
-        """Requests after ``mark`` (a length of ``sent``), Events left out (they are
-        written in the background, whenever their sender runs)."""
-        return [(m, p) for m, p in self.sent[mark:] if "/events" not in p]
-
-
 async def one_node(kube: Kube, prefix: str) -> str:
     name = unique(prefix)
     await create_node(
@@ -69,14 +51,14 @@ async def test_filter_sends_nothing_and_bind_writes_the_pod_once(
         async with running_scheduler(counting, FakeClock()) as role:
             await poll(lambda: name in role.scheduler.cluster.nodes)
             pod = await create_pod(kube, namespace, gpu_pod("p", mem=3000))
-            mark = len(counting.sent)
+            mark = len(counting.requests)
             answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": [name]})
             assert answer["NodeNames"] == [name], answer
             assert counting.since(mark) == []  # no API request at all
             stored = await kube.get_pod(namespace, "p")
             assert keys.VGPU_NODE not in (stored["metadata"].get("annotations") or {})
 
-            mark = len(counting.sent)
+            mark = len(counting.requests)
             assert await post(f"{role.url}/bind", binding(pod, name)) == {"Error": ""}
             pod_path = f"/api/v1/namespaces/{namespace}/pods/p"
             sent = counting.since(mark)

@@ -196,6 +196,7 @@ async def test_filter_decides_and_reserves_without_any_api_call() -> None:
     # the pod's watch event (its decision not written yet) leaves the hold in place
     sched.on_pod("MODIFIED", gpu_pod("p", 6000))
     assert sched.cluster.usage_snapshot() == HELD
+    assert sched.explain_pod(gpu_pod("p", 6000))["assigned"] == "a"  # placed, not written
 
 
 async def test_no_bind_within_the_reservation_timeout_frees_the_devices() -> None:

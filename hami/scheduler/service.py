@@ -818,11 +818,12 @@ class Scheduler:
         finally:
             if own is not None:
                 self.cluster.rollback(key, own)
-        annotations = annotations_of(pod)
+        # a reservation (filter chose, bind not yet written) is assigned too
+        assigned = annotations_of(pod).get(keys.VGPU_NODE) or (own.node if own else "")
         return {
             "pod": key,
             "error": "",
-            "assigned": annotations.get(keys.VGPU_NODE, ""),
+            "assigned": assigned,
             "nodes": {node: reason or "fits" for node, reason in reasons.items()},
             "quota": quota_view(self.cluster.quotas.status(namespace)),
         }
