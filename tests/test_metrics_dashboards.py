@@ -1,6 +1,7 @@
-"""Every query of the shipped Grafana dashboards, and of Go HAMi's own dashboard
-(``dashboards/hami-vgpu-dashboard.json``, Grafana.com 21833), names series that a real
-scheduler role and a real node agent export, with the labels the query uses.
+"""Every query of the shipped Grafana dashboards, of Go HAMi's own dashboard
+(``dashboards/hami-vgpu-dashboard.json``, Grafana.com 21833) and HAMi-WebUI's queries of
+HAMi's series names series that a real scheduler role and a real node agent export, with
+the labels the query uses.
 
 A scheduler role and a node agent (fake backend, kubelet emulator) run against the real
 API server; a placed pod (annotations as a bind writes them), a ResourceQuota and a
@@ -63,6 +64,12 @@ GO_USES = (
     ("hami_vgpu_memory_used_bytes", ("namespace",)),
     ("hami_vgpu_memory_limit_bytes", ("namespace",)),
     ("hami_container_device_utilization_ratio", ("namespace",)),
+)
+# What HAMi-WebUI's server queries of HAMi's series (its exporter, server/internal/exporter;
+# its other hami_* names are its own exporter's, not HAMi's).
+WEBUI_USES = (
+    ("hami_container_device_utilization_ratio", ("device_uuid", "namespace", "pod", "container")),
+    ("hami_vgpu_memory_used_bytes", ("device_uuid", "namespace", "pod", "container")),
 )
 # The usage monitor's series (node role, issue 12 item 5).
 USAGE_SERIES = re.compile(
@@ -156,6 +163,9 @@ def all_uses() -> list[Use]:
         found.extend(
             Use("Go HAMi (kept list)", name, name, frozenset(labels)) for name, labels in GO_USES
         )
+    found.extend(
+        Use("HAMi-WebUI (kept list)", name, name, frozenset(labels)) for name, labels in WEBUI_USES
+    )
     return found
 
 
