@@ -3,18 +3,14 @@
 HAMi's series names series that a real scheduler role and a real node agent export, with
 the labels the query uses.
 
-A scheduler role and a node agent (fake backend, kubelet emulator) run against the real
-API server; a placed pod (annotations as a bind writes them), a ResourceQuota and a
-refused filter call give every scheduler family its samples. Both ``/metrics`` are
+A scheduler role and a node agent (NVIDIA backend on a fake NVML, kubelet emulator) run
+against the real API server; a placed pod (annotations as a bind writes them), a
+ResourceQuota and a refused filter call give every scheduler family its samples, and a
+HAMi-core region file of a pod on the agent's node gives the usage monitor's. Both ``/metrics`` are
 scraped over HTTP (the scheduler's gzip-compressed, as Prometheus asks) and parsed with
 prometheus_client's parser. A query's label names are those of its matchers
 (``{node=~"$node"}``), of its grouping and matching clauses (``by``, ``on``, ...: checked
 on every series of the query) and of ``label_values(series, label)``.
-
-The per-device and per-container usage series (``hami_host_gpu_*``, ``hami_vgpu_memory_*``
-but the allocated ones, ``hami_container_*``) come from the node role's usage monitor
-(issue 12 item 5, helper H's work); their check is separate and expected to fail until
-that monitor exports them here.
 """
 
 from __future__ import annotations
@@ -27,21 +23,24 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
 import pytest
+from _monitor_helpers import Proc, RegionSpec, write_region
+from _nvml_helpers import FakeGpu, FakeNvml, Handle
 from _sched_helpers import scheduler_config
 from prometheus_client.parser import text_string_to_metric_families
 
-from hami import log
+from hami import config, log
 from hami.backends.base import BackendSettings
-from hami.backends.fake import FakeBackend
-from hami.config import Config
+from hami.backends.nvidia import NvidiaBackend
 from hami.kube.client import Kube
 from hami.node import NodeAgent
 from hami.protocol import ContainerDevice, encode_pod_devices
@@ -71,16 +70,21 @@ WEBUI_USES = (
     ("hami_container_device_utilization_ratio", ("device_uuid", "namespace", "pod", "container")),
     ("hami_vgpu_memory_used_bytes", ("device_uuid", "namespace", "pod", "container")),
 )
-# The usage monitor's series (node role, issue 12 item 5).
-USAGE_SERIES = re.compile(
-    r"hami_host_gpu_|hami_container_|hami_vgpu_memory_(used|limit|context|module|buffer)_bytes"
-)
+GPU0 = "GPU-dddddddd-0000-0000-0000-000000000000"
+GIB = 2**30
 
 SELECTOR = re.compile(r"\b(hami_[A-Za-z0-9_:]*)\s*(?:\{([^}]*)\})?")
 MATCHER = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"')
 GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
 LABEL_VALUES = re.compile(r"label_values\(\s*(hami_\w+)\s*(?:\{[^}]*\})?\s*,\s*(\w+)\s*\)")
 RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpucores")
+
+
+class UtilNvml(FakeNvml):
+    """The fake NVML with utilization rates (the host series)."""
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Handle) -> SimpleNamespace:
+        return SimpleNamespace(gpu=40, memory=10)
 
 
 @pytest.fixture(autouse=True)
@@ -219,21 +223,24 @@ async def both_roles(
     async with SchedulerRole(cfg, kube) as role:
         await role.wait_ready()
         kubelet = await kubelet_factory(node)
-        backend = FakeBackend(
+        containers = tmp / "containers"
+        containers.mkdir()
+        backend = NvidiaBackend(
             BackendSettings(
-                split_count=4,
                 options={
-                    "devices": [{"count": 1, "model": "NVIDIA-A100-SXM4-40GB", "memory": 40960}],
-                    "uuid_prefix": f"GPU-{node}",
-                    "hamicore": {"containers_dir": str(tmp / "containers")},
-                },
-            )
+                    "sysfs_root": str(tmp / "sys"),
+                    "health_checks": False,
+                    "topology_score": False,
+                    "hamicore": {"containers_dir": str(containers)},
+                }
+            ),
+            nvml=UtilNvml([FakeGpu(0, GPU0, "A100-SXM4-40GB", 40 * GIB, "0000:3b:00.0")]),
         )
         agent = NodeAgent(
-            Config(),
+            config.from_mapping({"node": {"monitor": {"scan_period": "200ms"}}}),
             node_name=node,
             kube=kube,
-            backends={"fake": backend},
+            backends={"nvidia": backend},
             register_period=0.5,
             device_plugin_dir=str(kubelet.plugin_dir),
             http_address="127.0.0.1",
@@ -253,7 +260,7 @@ async def both_roles(
                     "spec": {"hard": {"limits.nvidia.com/gpumem": "8000"}},
                 },
             )
-            devices = [[ContainerDevice(f"GPU-{node}-0", "NVIDIA", 3000, 20)]]
+            devices = [[ContainerDevice(GPU0, "NVIDIA", 3000, 20)]]
             limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"}
             await kube.request(
                 "POST",
@@ -277,7 +284,26 @@ async def both_roles(
                     },
                 },
             )
+            # A container on the agent's node with a HAMi-core region: the usage series.
+            running = await kube.request(
+                "POST",
+                f"/api/v1/namespaces/{namespace}/pods",
+                body={
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": "running"},
+                    "spec": {"nodeName": node, "containers": [{"name": "main", "image": "x"}]},
+                },
+            )
+            region = RegionSpec(
+                uuids=(GPU0,),
+                limits=(4 * GIB,),
+                procs=(Proc(memory={0: (100, 200, 300, 0, 600)}, sm_util={0: 35}),),
+                last_kernel_time=int(time.time()) - 5,
+            )
+            write_region(containers, running["metadata"]["uid"], "main", region)
             scheduler_url = f"{role.probe_url}/metrics"
+            node_url = f"http://127.0.0.1:{agent.http_port}/metrics"
 
             async def scheduler_has_all() -> bool:
                 text = await get(scheduler_url)
@@ -288,6 +314,19 @@ async def both_roles(
                 )
 
             await poll(scheduler_has_all, 30, "the node, the pod and the quota in /metrics")
+
+            async def node_has_all() -> bool:
+                text = await get(node_url)
+                return all(
+                    f"{name}{{" in text
+                    for name in (
+                        "hami_host_gpu_memory_used_bytes",
+                        "hami_vgpu_memory_used_bytes",
+                        "hami_container_last_kernel_elapsed_seconds",
+                    )
+                )
+
+            await poll(node_has_all, 30, "the usage monitor's series in the agent's /metrics")
             # A refused filter call: the rejection counter gets its first sample.
             too_big = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "99999"}
             args = {
@@ -306,8 +345,7 @@ async def both_roles(
                 answer = await resp.json()
             assert answer["NodeNames"] in (None, []), answer
             found = exposition_labels(await get(scheduler_url))
-            node_text = await get(f"http://127.0.0.1:{agent.http_port}/metrics")
-            for name, labels in exposition_labels(node_text).items():
+            for name, labels in exposition_labels(await get(node_url)).items():
                 found.setdefault(name, set()).update(labels)
             yield found
         finally:
@@ -340,21 +378,8 @@ def tmp_dir() -> Iterator[Path]:
 async def test_dashboard_queries_name_exported_series_and_labels(
     kube: Kube, namespace: str, kubelet_factory: Any, tmp_dir: Path
 ) -> None:
-    uses = [use for use in all_uses() if not USAGE_SERIES.match(use.series)]
-    assert any(use.series == "hami_gpu_memory_limit_bytes" for use in uses)
-    async with both_roles(kube, namespace, kubelet_factory, tmp_dir) as found:
-        assert problems(uses, found) == []
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="the node role's usage series (hami_host_gpu_*, hami_vgpu_memory_used_bytes, "
-    "hami_container_*) are helper H's usage monitor (issue 12 item 5), not landed here yet",
-)
-async def test_dashboard_queries_of_usage_series_name_exported_series_and_labels(
-    kube: Kube, namespace: str, kubelet_factory: Any, tmp_dir: Path
-) -> None:
-    uses = [use for use in all_uses() if USAGE_SERIES.match(use.series)]
-    assert uses
+    uses = all_uses()
+    for needed in ("hami_gpu_memory_limit_bytes", "hami_host_gpu_memory_used_bytes"):
+        assert any(use.series == needed for use in uses), needed
     async with both_roles(kube, namespace, kubelet_factory, tmp_dir) as found:
         assert problems(uses, found) == []
