@@ -36,7 +36,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from hami import log
 from hami.config import LeaderElectionConfig
 from hami.kube.client import Kube
-from hami.kube.raw import KubeError, NotFound
+from hami.kube.raw import Conflict, KubeError, NotFound
 from hami.scheduler import podinfo
 from hami.scheduler.lease import LeaseRecord, Step, decide, follows, lease_body, parse_lease
 
@@ -155,7 +155,14 @@ class LeaderElector:
         if record is None or record.holder != self.identity:
             return
         try:
-            await self._write(Step.RELEASE, record)
+            try:
+                await self._write(Step.RELEASE, record)
+            except Conflict:
+                # our own last renewal may have landed unseen (a step cancelled mid-write)
+                record = await self._read()
+                if record is None or record.holder != self.identity:
+                    return
+                await self._write(Step.RELEASE, record)
         except KubeError as exc:
             _log.info("leader lease release failed; it expires instead", error=str(exc))
             return

@@ -271,7 +271,7 @@ class SchedulerRole:
         if self.elector is not None:
             # hand the Lease over now rather than after lease_duration
             with contextlib.suppress(Exception):
-                async with asyncio.timeout(2):
+                async with asyncio.timeout(5):
                     await self.elector.release()
         if self.selftls is not None:
             self.selftls.close()
