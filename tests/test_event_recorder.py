@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from hami.kube.eventfold import Folder, ObjectRef, Occurrence, Write
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -164,3 +166,18 @@ def test_memory_is_bounded() -> None:
     assert len(folder) == 100
     assert folder.evicted == 900  # never written: they were still waiting for the sender
     assert len(folder.due(now=1000.0)) == 100
+
+
+def test_nothing_due_while_the_only_dirty_write_is_on_the_wire() -> None:
+    folder = Folder()
+    folder.add(occ(), now=0.0)
+    (write,) = folder.due(now=0.0)
+    assert folder.next_due(now=0.0) is None  # the sender waits for the queue, not a timer
+    folder.written(write, "ev", now=1.0)
+    assert folder.next_due(now=1.0) is None
+
+
+@pytest.mark.parametrize("bad", [{"burst": 0}, {"refill": 0.0}, {"update_every": -1.0}])
+def test_limits_that_would_spin_or_never_write_are_refused(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        Folder(**bad)  # type: ignore[arg-type]

@@ -130,6 +130,12 @@ class Folder:
     _dirty: dict[Key, None] = field(default_factory=dict)  # ordered: oldest first
     _earliest: float = float("inf")  # no dirty fold is due before this
 
+    def __post_init__(self) -> None:
+        if self.burst < 1 or self.refill <= 0 or self.update_every < 0 or self.max_keys < 1:
+            raise ValueError(
+                "event folder: burst >= 1, refill > 0, update_every >= 0, max_keys >= 1"
+            )
+
     def __len__(self) -> int:
         return len(self._folds)
 
@@ -155,8 +161,8 @@ class Folder:
 
     def next_due(self, now: float) -> float | None:
         """Seconds until a write may be due (0: now), or None when nothing waits."""
-        if not self._dirty:
-            return None
+        if not self._dirty or self._earliest == float("inf"):
+            return None  # nothing, or only writes on the wire (they report back)
         return max(0.0, self._earliest - now)
 
     def due(self, now: float) -> list[Write]:
