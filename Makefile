@@ -46,6 +46,11 @@ test: lint controlplane
 demo: install controlplane
 	$(BIN)/hami demo
 
+# Every benchmark with its defaults, one after the other (figures: docs/performance.md).
+# About 20 minutes in all on a shared 2-core VM; each script's --help shows its options.
+bench: install controlplane
+	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
 gpu-check:
 	@bash scripts/gpu-check.sh
 

@@ -1,0 +1,744 @@
+"""End to end on the real control plane: kube-scheduler alone vs kube-scheduler + hami.
+
+    .venv/bin/python bench/bench_e2e.py            # everything, default sizes (~10 min)
+    .venv/bin/python bench/bench_e2e.py --quick    # small sizes (~2 min)
+    .venv/bin/python bench/bench_e2e.py --only throughput --nodes 50 500 --pods 300
+
+Parts (``--only`` picks some):
+
+- ``throughput``: N simulated nodes (Node objects with cpu, pods and 8 fake GPUs x split 10
+  in their hami annotations; no kubelet), the same for every round. A round creates the
+  pods first, then starts kube-scheduler and times the binds as a pod watch sees them:
+  *alone* is kube-scheduler with no extender placing pods that request 100m cpu (its
+  NodeResourcesFit scoring MostAllocated for binpack, LeastAllocated for spread); *hami*
+  is kube-scheduler with hami (``hami run --role scheduler``, its own process) as
+  extender placing pods that ask one 1000 MiB GPU slice, with the node policy in the pod's
+  annotation. A stand-in node agent in this process does what the real one does after
+  the last Allocate (``bind-phase: success``, node lock released). Rounds interleave
+  alone/hami and the policies. Figures: pods bound/s ((pods - 1) / first to last bind),
+  hami/alone ratio, failed binds (``hami_bind_total``), scheduler CPU per placed pod
+  (the hami process's user + system time over the round / pods).
+- ``one-node``: ``hami.testkit.LocalCluster`` with one node (node agent, fake backend,
+  kubelet emulator): the time until one pod is Running, then until 10 one-slice pods
+  created at once are all Running.
+- ``filter``: an in-process scheduler holding a synthetic cluster (``bench_filter.build``:
+  N nodes x 8 GPUs, about half the devices in use) served over HTTP by the role's aiohttp
+  routes; a client thread posts ExtenderArgs with all N names: a placeable pod (the same
+  pod every call, so its earlier hold is released and the cluster stays the same), an
+  unplaceable one, placeable while another thread posts unplaceable pods back to back
+  (100 pods, four shapes), and placeable while another thread scrapes ``/metrics``.
+  The first (uncached) no-fit decision is timed too, in process.
+
+The load average (``os.getloadavg``) is printed with every part: the figures are only as
+quiet as the machine. A benchmark, not a test: it prints figures and never fails on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import http.client
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from hami import config, log
+from hami.kube.client import Kube, open_client, pods_path
+from hami.kube.raw import KubeError, NotFound
+from hami.protocol import handshake, keys
+from hami.testkit.controlplane import ControlPlane, free_port
+
+LABEL = "hami.io/bench-e2e"
+HAMI_NAME = "hami-scheduler"
+ALONE_NAME = "bench-alone"
+GPU_MODEL, GPU_MEMORY, GPUS, SPLIT = "NVIDIA-A100-SXM4-40GB", 40960, 8, 10
+
+
+def load() -> str:
+    one, five, _fifteen = os.getloadavg()
+    return f"load {one:.2f} / {five:.2f} (1 / 5 min, {os.cpu_count()} cpus)"
+
+
+def pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def ms(samples: list[float]) -> str:
+    values = [s * 1000 for s in samples]
+    return f"p50 {pct(values, 0.5):7.2f} ms  p99 {pct(values, 0.99):7.2f} ms  (n={len(values)})"
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+# --------------------------------------------------------------------------- throughput
+
+
+def register_value(node: str) -> str:
+    return "".join(
+        f"GPU-{node}-{d},{SPLIT},{GPU_MEMORY},100,{GPU_MODEL},{d // 4},true:" for d in range(GPUS)
+    )
+
+
+async def create_nodes(kube: Kube, run: str, count: int) -> list[str]:
+    names = [f"e2e-{run}-{i:04d}" for i in range(count)]
+    stamp = handshake.reported(handshake_now())
+    resources = {"cpu": "64", "memory": "256Gi", "pods": "1000", "nvidia.com/gpu": "80"}
+    gate = asyncio.Semaphore(16)
+
+    async def one(name: str) -> None:
+        async with gate:
+            body = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "labels": {LABEL: run, "kubernetes.io/hostname": name},
+                    "annotations": {
+                        keys.node_register("nvidia"): register_value(name),
+                        "hami.io/node-handshake-nvidia": stamp,
+                    },
+                },
+            }
+            await kube.create("/api/v1/nodes", body)
+            status = {
+                "status": {
+                    "capacity": resources,
+                    "allocatable": resources,
+                    "conditions": [{"type": "Ready", "status": "True", "reason": "Bench"}],
+                }
+            }
+            await kube.merge_patch(f"/api/v1/nodes/{name}/status", status)
+            # the API server taints a new Node not-ready; a kubelet lifts it once Ready
+            await kube.merge_patch(f"/api/v1/nodes/{name}", {"spec": {"taints": None}})
+
+    await asyncio.gather(*(one(n) for n in names))
+    return names
+
+
+def handshake_now() -> Any:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC)
+
+
+def bench_pod(name: str, run: str, hami: bool, policy: str) -> dict[str, Any]:
+    if hami:
+        container = {
+            "name": "c",
+            "image": "bench",
+            "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}},
+        }
+        annotations = {keys.NODE_SCHEDULER_POLICY: policy}
+    else:
+        container = {"name": "c", "image": "bench", "resources": {"requests": {"cpu": "100m"}}}
+        annotations = {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {
+            "schedulerName": HAMI_NAME if hami else ALONE_NAME,
+            "nodeSelector": {LABEL: run},
+            "containers": [container],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
+def kube_scheduler_config(hami: bool, policy: str, extender_port: int) -> dict[str, Any]:
+    strategy = "MostAllocated" if policy == "binpack" else "LeastAllocated"
+    profile: dict[str, Any] = {
+        "schedulerName": HAMI_NAME if hami else ALONE_NAME,
+        "pluginConfig": [
+            {
+                "name": "NodeResourcesFit",
+                "args": {"scoringStrategy": {"type": strategy}},
+            }
+        ],
+    }
+    data: dict[str, Any] = {
+        "podInitialBackoffSeconds": 1,
+        "podMaxBackoffSeconds": 1,
+        "profiles": [profile],
+    }
+    if hami:
+        data["extenders"] = [
+            {
+                "urlPrefix": f"http://127.0.0.1:{extender_port}",
+                "filterVerb": "filter",
+                "bindVerb": "bind",
+                "nodeCacheCapable": True,
+                "httpTimeout": "30s",
+                "weight": 1,
+                "managedResources": [
+                    {"name": n, "ignoredByScheduler": True}
+                    for n in ("nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpucores")
+                ]
+                + [{"name": "nvidia.com/gpumem-percentage", "ignoredByScheduler": True}],
+            }
+        ]
+    return data
+
+
+class HamiProcess:
+    """``hami run --role scheduler`` as its own process (its CPU time is read from /proc)."""
+
+    def __init__(self, plane: ControlPlane, workdir: Path) -> None:
+        self.extender_port = free_port()
+        self.http_port = free_port()
+        cfg = {
+            "scheduler": {
+                "scheduler_name": HAMI_NAME,
+                "http": {"address": "127.0.0.1", "port": self.http_port},
+                "extender": {"address": "127.0.0.1", "port": self.extender_port},
+                "handshake_timeout": "3600s",
+                "handshake_period": "30s",
+                "webhook": {"enabled": False},
+            },
+            "backends": {"nvidia": {"enabled": False}, "fake": {"enabled": True}},
+            "log": {"level": "warning"},
+        }
+        path = workdir / "hami.yaml"
+        path.write_text(json.dumps(cfg))
+        self.log = (workdir / "hami.log").open("w")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "hami",
+                "run",
+                "--role",
+                "scheduler",
+                "--config",
+                str(path),
+                "--kubeconfig",
+                str(plane.kubeconfig),
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"hami scheduler exited {self.proc.returncode}")
+            with contextlib.suppress(OSError):
+                status, _ = http_get(self.http_port, "/readyz")
+                if status == 200:
+                    return
+            time.sleep(0.2)
+        raise RuntimeError("hami scheduler not ready")
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        return (int(fields[11]) + int(fields[12])) / ticks
+
+    def failed_binds(self) -> int:
+        _, body = http_get(self.http_port, "/metrics")
+        total = 0
+        for line in body.decode().splitlines():
+            if line.startswith("hami_bind_total{") and 'outcome="failed"' in line:
+                total += int(float(line.rsplit(" ", 1)[1]))
+        return total
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def http_get(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("GET", path, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+class PodWatch:
+    """Bind times of the round's pods, and the stand-in node agent for hami's binds."""
+
+    def __init__(self, kube: Kube, namespace: str, agent: bool) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.agent = agent
+        self.bound: dict[str, float] = {}
+        self.released: set[str] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.changed = asyncio.Event()
+
+    async def run(self, version: str) -> None:
+        query = [("watch", "1"), ("resourceVersion", version), ("allowWatchBookmarks", "false")]
+        while True:
+            try:
+                async with self.kube.stream(pods_path(self.namespace), query=query) as events:
+                    async for event in events:
+                        obj = event.get("object") or {}
+                        version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                        query[1] = ("resourceVersion", version)
+                        self.seen(obj)
+            except (TimeoutError, KubeError, ValueError, OSError):
+                await asyncio.sleep(0.2)
+
+    def seen(self, pod: dict[str, Any]) -> None:
+        meta = pod.get("metadata") or {}
+        name = str(meta.get("name"))
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node:
+            return
+        if name not in self.bound:
+            self.bound[name] = time.monotonic()
+            self.changed.set()
+        phase = (meta.get("annotations") or {}).get(keys.BIND_PHASE)
+        if self.agent and phase == "allocating" and name not in self.released:
+            self.released.add(name)
+            task = asyncio.create_task(self.allocate(name, str(node)))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def allocate(self, name: str, node: str) -> None:
+        """What the node agent does after the pod's last Allocate."""
+        with contextlib.suppress(KubeError):
+            await self.kube.patch_pod_annotations(
+                self.namespace, name, {keys.BIND_PHASE: "success"}
+            )
+        with contextlib.suppress(KubeError):
+            await self.kube.patch_node_annotations(node, {keys.NODE_LOCK: None})
+
+    async def wait(self, count: int, timeout: float) -> bool:  # noqa: ASYNC109
+        deadline = time.monotonic() + timeout
+        while len(self.bound) < count:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self.changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), min(left, 1.0))
+        return True
+
+
+async def delete_all_pods(kube: Kube, namespace: str) -> None:
+    with contextlib.suppress(KubeError):
+        await kube.delete(
+            pods_path(namespace), body={"gracePeriodSeconds": 0}, query=[("gracePeriodSeconds", 0)]
+        )
+    for _ in range(300):
+        if not await kube.list_pods(namespace=namespace):
+            return
+        await asyncio.sleep(0.2)
+
+
+async def throughput_round(
+    plane: ControlPlane,
+    kube: Kube,
+    hami: HamiProcess,
+    run: str,
+    namespace: str,
+    pods: int,
+    use_hami: bool,
+    policy: str,
+) -> dict[str, Any]:
+    gate = asyncio.Semaphore(16)
+    prefix = f"{'h' if use_hami else 'a'}-{policy[0]}-{uuid.uuid4().hex[:4]}"
+
+    async def create(i: int) -> None:
+        async with gate:
+            body = bench_pod(f"{prefix}-{i:04d}", run, use_hami, policy)
+            await kube.create(pods_path(namespace), body)
+
+    await asyncio.gather(*(create(i) for i in range(pods)))
+    _items, version = await kube.list_all(pods_path(namespace))
+    watch = PodWatch(kube, namespace, agent=use_hami)
+    watcher = asyncio.create_task(watch.run(version))
+    failed_before = hami.failed_binds() if use_hami else 0
+    cpu_before = hami.cpu_seconds()
+    cfg = kube_scheduler_config(use_hami, policy, hami.extender_port)
+    sched = await asyncio.to_thread(plane.start_scheduler, cfg, f"ks-{prefix}")
+    started = time.monotonic()
+    done = await watch.wait(pods, timeout=max(60.0, pods * 0.5))
+    finished = time.monotonic()
+    cpu = hami.cpu_seconds() - cpu_before
+    await asyncio.to_thread(sched.stop)
+    with contextlib.suppress(ValueError):
+        plane.schedulers.remove(sched)
+    await asyncio.gather(*list(watch.tasks), return_exceptions=True)
+    watcher.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await watcher
+    failed = (hami.failed_binds() - failed_before) if use_hami else 0
+    times = sorted(watch.bound.values())
+    bound = len(times)
+    span = times[-1] - times[0] if bound > 1 else float("nan")
+    await delete_all_pods(kube, namespace)
+    await asyncio.sleep(1.0)  # the hami scheduler sees the deletions
+    return {
+        "bound": bound,
+        "complete": done,
+        "rate": (bound - 1) / span if bound > 1 and span > 0 else float("nan"),
+        "until_all": (times[-1] - started) if times else float("nan"),
+        "failed": failed,
+        "cpu_ms_per_pod": cpu * 1000 / bound if (use_hami and bound) else float("nan"),
+        "window_s": finished - started,
+    }
+
+
+async def throughput(args: argparse.Namespace, plane: ControlPlane, workdir: Path) -> None:
+    say(f"\n== throughput: kube-scheduler alone vs + hami ({load()})")
+    hami = HamiProcess(plane, workdir)
+    try:
+        await asyncio.to_thread(hami.wait_ready)
+        async with open_client(plane.kubeconfig) as kube:
+            for count in args.nodes:
+                run = uuid.uuid4().hex[:6]
+                namespace = f"bench-{run}"
+                await kube.create(
+                    "/api/v1/namespaces",
+                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+                )
+                began = time.monotonic()
+                names = await create_nodes(kube, run, count)
+                say(f"{count} nodes created in {time.monotonic() - began:.1f}s; {args.pods} pods")
+                await asyncio.sleep(2.0)  # the hami scheduler's watch takes them in
+                results: dict[tuple[str, bool], list[dict[str, Any]]] = {}
+                for rnd in range(args.rounds):
+                    order = [(p, h) for p in args.policies for h in (False, True)]
+                    if rnd % 2:
+                        order.reverse()
+                    for policy, use_hami in order:
+                        result = await throughput_round(
+                            plane, kube, hami, run, namespace, args.pods, use_hami, policy
+                        )
+                        results.setdefault((policy, use_hami), []).append(result)
+                        mode = "hami " if use_hami else "alone"
+                        say(
+                            f"  round {rnd + 1} {policy:7s} {mode}: {result['bound']}/{args.pods}"
+                            f" bound, {result['rate']:6.1f} pods/s, all in "
+                            f"{result['until_all']:5.1f}s, failed binds {result['failed']}, "
+                            f"cpu/pod {result['cpu_ms_per_pod']:5.1f} ms  ({load()})"
+                        )
+                say(f"summary at {count} nodes ({load()}):")
+                for policy in args.policies:
+                    alone = statistics.median(r["rate"] for r in results[(policy, False)])
+                    with_hami = statistics.median(r["rate"] for r in results[(policy, True)])
+                    cpu = statistics.median(r["cpu_ms_per_pod"] for r in results[(policy, True)])
+                    failed = sum(r["failed"] for r in results[(policy, True)])
+                    say(
+                        f"  {policy:7s}: alone {alone:6.1f} pods/s, + hami {with_hami:6.1f} "
+                        f"pods/s, ratio {with_hami / alone:4.2f}x, failed binds {failed}, "
+                        f"hami cpu {cpu:5.1f} ms/pod"
+                    )
+                with contextlib.suppress(KubeError):
+                    await kube.delete(f"/api/v1/namespaces/{namespace}")
+                for name in names:
+                    with contextlib.suppress(KubeError, NotFound):
+                        await kube.delete(f"/api/v1/nodes/{name}")
+    finally:
+        hami.stop()
+
+
+# --------------------------------------------------------------------------- one node
+
+
+async def one_node(args: argparse.Namespace, plane: ControlPlane) -> None:
+    from hami.testkit.cluster import LocalCluster, NodeSpec, Timing, gpu_pod, limits
+
+    say(f"\n== one node, kubelet emulator: 1 pod vs 10 pods until Running ({load()})")
+    spec = NodeSpec("gpu-one", ({"count": 4, "model": GPU_MODEL, "memory": GPU_MEMORY},))
+    timing = Timing(register_period=1.0, handshake_period=1.0, handshake_timeout=30.0)
+    async with LocalCluster([spec], plane=plane, timing=timing) as cluster:
+        for rep in range(args.one_node_reps):
+
+            async def running(count: int, tag: str) -> float:
+                began = time.monotonic()
+                names = [f"{tag}-{i}" for i in range(count)]
+                await asyncio.gather(
+                    *(cluster.create_pod(gpu_pod(n, [limits(1, mem=1000)])) for n in names)
+                )
+                await cluster.wait_running(names, timeout=120)
+                took = time.monotonic() - began
+                await cluster.delete_pods(wait=True)
+                return took
+
+            one = await running(1, f"one{rep}")
+            ten = await running(10, f"ten{rep}")
+            say(
+                f"  rep {rep + 1}: 1 pod {one:5.2f}s, 10 pods {ten:5.2f}s, "
+                f"ratio {ten / one:4.1f}x  ({load()})"
+            )
+
+
+# --------------------------------------------------------------------------- filter
+
+
+class Server:
+    """The role's extender and probe routes over a scheduler, on a loop in a thread."""
+
+    def __init__(self, nodes: int) -> None:
+        self.nodes = nodes
+        self.ready = threading.Event()
+        self.loop = asyncio.new_event_loop()
+        self.port = free_port()
+        self.scheduler: Any = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        self.ready.wait()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._start())
+        self.ready.set()
+        self.loop.run_forever()
+
+    async def _start(self) -> None:
+        import bench_filter
+        from aiohttp import web
+
+        from hami.scheduler.http import add_extender_routes, add_probe_routes, server_options
+        from hami.scheduler.service import Scheduler
+
+        cfg = config.from_mapping({"scheduler": {"node_policy": "binpack"}}, env={})
+        self.scheduler = Scheduler(cfg.scheduler, [bench_filter.KIND], None, emit_events=False)
+        bench_filter.build(self.scheduler, self.nodes, 1)
+        self.scheduler.nodes_synced.set()
+        self.scheduler.pods_synced.set()
+        app = web.Application(client_max_size=4 * 1024 * 1024)
+        add_extender_routes(app, self.scheduler, lambda: None)
+        add_probe_routes(app, self.scheduler, lambda: None)
+        self.runner = web.AppRunner(app, **server_options())
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        async def wrapped() -> Any:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(wrapped(), self.loop).result()
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+class Client:
+    """One keep-alive connection posting prepared bodies."""
+
+    def __init__(self, port: int) -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+
+    def post(self, path: str, body: bytes) -> tuple[float, dict[str, Any]]:
+        began = time.perf_counter()
+        self.conn.request("POST", path, body, {"Content-Type": "application/json"})
+        data = self.conn.getresponse().read()
+        took = time.perf_counter() - began
+        return took, json.loads(data)
+
+
+def filter_body(name: str, limits: dict[str, str], names: list[str]) -> bytes:
+    pod = {
+        "metadata": {"name": name, "namespace": "bench", "uid": f"uid-{name}"},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]},
+    }
+    return json.dumps({"Pod": pod, "NodeNames": names}).encode()
+
+
+PLACEABLE = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}
+UNPLACEABLE = (
+    {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "50000"},
+    {"nvidia.com/gpu": "9", "nvidia.com/gpumem": "1000"},
+    {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "45000"},
+    {"nvidia.com/gpu": "3", "nvidia.com/gpumem": "41000", "nvidia.com/gpucores": "30"},
+)
+
+
+@contextlib.contextmanager
+def background(fn: Callable[[threading.Event], None]) -> Iterator[None]:
+    stop = threading.Event()
+    thread = threading.Thread(target=fn, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(60)
+
+
+def filter_http(args: argparse.Namespace) -> None:
+    for nodes in args.filter_nodes:
+        say(f"\n== filter over HTTP at {nodes} nodes x {GPUS} GPUs ({load()})")
+        began = time.monotonic()
+        server = Server(nodes)
+        say(f"  cluster built in {time.monotonic() - began:.1f}s")
+        try:
+            filter_at(args, server)
+        finally:
+            server.stop()
+
+
+def filter_at(args: argparse.Namespace, server: Server) -> None:
+    names: list[str] = server.call(lambda: sorted(server.scheduler.cluster.nodes))
+    client = Client(server.port)
+    placeable = filter_body("fits", PLACEABLE, names)
+    unplaceable = filter_body("huge", UNPLACEABLE[0], names)
+    calls = args.calls
+
+    def run(body: bytes, n: int, placed: bool) -> list[float]:
+        samples: list[float] = []
+        for _ in range(n):
+            took, answer = client.post("/filter", body)
+            assert answer.get("Error") == "", answer
+            assert bool(answer.get("NodeNames")) is placed, answer
+            samples.append(took)
+        return samples
+
+    run(placeable, 5, True)
+    say(f"  placeable               {ms(run(placeable, calls, True))}")
+    say(f"  unplaceable (repeated)  {ms(run(unplaceable, calls, False))}")
+
+    cluster = server.scheduler.cluster
+    from hami.core.requests import parse_pod
+
+    request = parse_pod(json.loads(unplaceable)["Pod"], server.scheduler.kinds)
+    first: list[float] = []
+    for _ in range(max(3, calls // 20)):
+
+        def uncached() -> float:
+            cluster.generation += 1  # as after any change: the cached answer is not used
+            began = time.perf_counter()
+            cluster.decide(request, names, namespace="bench")
+            return time.perf_counter() - began
+
+        first.append(server.call(uncached))
+    say(f"  no fit, first time (decide, in process)  {ms(first)}")
+
+    burst_bodies = [
+        filter_body(f"stuck-{i}", UNPLACEABLE[i % len(UNPLACEABLE)], names) for i in range(100)
+    ]
+    burst_calls = [0]
+
+    def burst(stop: threading.Event) -> None:
+        other = Client(server.port)
+        i = 0
+        while not stop.is_set():
+            other.post("/filter", burst_bodies[i % len(burst_bodies)])
+            i += 1
+        burst_calls[0] = i
+
+    with background(burst):
+        time.sleep(0.2)
+        during = run(placeable, calls, True)
+    say(
+        f"  placeable during a burst of unplaceable ({burst_calls[0]} calls, 100 pods): "
+        f"{ms(during)}"
+    )
+
+    scrapes: list[tuple[float, int, float, int]] = []
+
+    def scrape(stop: threading.Event) -> None:
+        while not stop.is_set() and len(scrapes) < 3:
+            began = time.perf_counter()
+            _, plain = http_get(server.port, "/metrics")
+            middle = time.perf_counter()
+            _, packed = http_get(server.port, "/metrics", {"Accept-Encoding": "gzip"})
+            scrapes.append((middle - began, len(plain), time.perf_counter() - middle, len(packed)))
+
+    with background(scrape):
+        during_scrape: list[float] = []
+        deadline = time.monotonic() + 120
+        while len(scrapes) < 3 and time.monotonic() < deadline:
+            during_scrape.extend(run(placeable, 5, True))
+    if scrapes:
+        plain_s = statistics.median(s[0] for s in scrapes)
+        gzip_s = statistics.median(s[2] for s in scrapes)
+        say(
+            f"  /metrics scrape: {plain_s * 1000:.0f} ms for {scrapes[0][1] / 1e6:.1f} MB, "
+            f"gzip {gzip_s * 1000:.0f} ms for {scrapes[0][3] / 1e6:.2f} MB"
+        )
+    say(
+        f"  placeable during scrapes  {ms(during_scrape)}  max {max(during_scrape) * 1000:.1f} ms"
+        f"  ({load()})"
+    )
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, one round")
+    parser.add_argument(
+        "--only", nargs="*", choices=["throughput", "one-node", "filter"], default=None
+    )
+    parser.add_argument("--nodes", type=int, nargs="*", default=None, help="default 50 500")
+    parser.add_argument("--pods", type=int, default=None, help="pods per round (default 300)")
+    parser.add_argument("--rounds", type=int, default=None, help="default 2")
+    parser.add_argument("--policies", nargs="*", default=["binpack", "spread"])
+    parser.add_argument("--one-node-reps", type=int, default=None, help="default 2")
+    parser.add_argument(
+        "--filter-nodes", type=int, nargs="*", default=None, help="default 1000 5000 15000"
+    )
+    parser.add_argument("--calls", type=int, default=None, help="filter calls per figure")
+    args = parser.parse_args(argv)
+    quick = args.quick
+    args.nodes = args.nodes or ([50] if quick else [50, 500])
+    args.pods = args.pods or (100 if quick else 300)
+    args.rounds = args.rounds or (1 if quick else 2)
+    args.one_node_reps = args.one_node_reps or (1 if quick else 2)
+    args.filter_nodes = args.filter_nodes or ([1000] if quick else [1000, 5000, 15000])
+    args.calls = args.calls or (50 if quick else 200)
+    args.only = set(args.only or ["throughput", "one-node", "filter"])
+    return args
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    say(f"bench_e2e: {' '.join(sys.argv[1:]) or '(defaults)'}; {load()}")
+    random.seed(1)
+    if args.only & {"throughput", "one-node"}:
+        with tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp:
+            plane = ControlPlane()
+            await asyncio.to_thread(plane.start)
+            try:
+                if "throughput" in args.only:
+                    await throughput(args, plane, Path(tmp))
+                if "one-node" in args.only:
+                    await one_node(args, plane)
+            finally:
+                await asyncio.to_thread(plane.stop)
+    if "filter" in args.only:
+        await asyncio.to_thread(filter_http, args)
+
+
+def main() -> None:
+    log.configure("warning", "console", stream=sys.__stderr__)
+    args = parse_args()
+    began = time.monotonic()
+    asyncio.run(main_async(args))
+    say(f"\nbench_e2e done in {time.monotonic() - began:.0f}s ({load()})")
+
+
+if __name__ == "__main__":
+    main()
