@@ -270,11 +270,37 @@ async def test_a_scrape_is_written_in_pieces_and_lets_the_loop_run(
     assert body.count(b"\nhami_gpu_memory_limit_bytes{") == 299 * 8 + 1
 
 
-def test_a_standby_leaves_the_cluster_gauges_out() -> None:
+def test_a_standby_leaves_the_cluster_gauges_out_and_keeps_nothing() -> None:
     c = cluster()
     two_nodes(c)
     m = SchedulerMetrics(c)
+    m.render()
     m.cluster_gauges = False
     found = samples(m.render())
     assert "hami_gpu_memory_limit_bytes" not in found
     assert "hami_filter_total" in found
+    # Nothing piles up while it does not lead: no change tracking, no kept text.
+    assert c.changed_nodes is None and c.changed_pods is None
+    assert not m.cluster_text.nodes
+    c.upsert_pod(running("p", "a", [[ContainerDevice("GPU-a0", "NVIDIA", 1000, 0)]]), NOW)
+    m.cluster_gauges = True  # it leads: everything is rendered afresh
+    found = samples(m.render())
+    assert value(found, "hami_gpu_memory_allocated_bytes", device_uuid="GPU-a0") == 1000 * MIB
+
+
+def test_too_many_changes_between_scrapes_render_everything_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(metrics, "MAX_CHANGED", 2)
+    c = cluster()
+    two_nodes(c)
+    m = SchedulerMetrics(c)
+    m.render()
+    kept_b = m.cluster_text.nodes["b"]
+    for n in range(3):  # three pod keys: past the cap, the set stops growing
+        c.upsert_pod(running(f"p{n}", "a", [[ContainerDevice("GPU-a0", "NVIDIA", 100, 0)]]), NOW)
+    assert c.changed_pods is not None and len(c.changed_pods) == 2
+    found = samples(m.render())
+    assert m.cluster_text.nodes["b"] is not kept_b  # rendered again: a full pass
+    assert len(found["hami_vgpu_memory_allocated_bytes"]) == 3
+    assert value(found, "hami_gpu_memory_allocated_bytes", device_uuid="GPU-a0") == 300 * MIB

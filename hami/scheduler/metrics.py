@@ -42,6 +42,7 @@ ZONE = "vGPU"
 SLICE_SECONDS = 0.005  # work between two yields to the event loop during a scrape
 SLICE_ITEMS = 256  # nodes or pods joined per piece
 FLUSH_BYTES = 1 << 20  # pieces are written (and compressed) in about this much
+MAX_CHANGED = 200_000  # changed names kept between two scrapes (then: render everything)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +176,20 @@ def render_pod(record: PodRecord) -> tuple[bytes, ...]:
     return "".join(memory).encode(), "".join(cores).encode()
 
 
+class _Changed(set[str]):
+    """The names the cluster reports changed, up to ``MAX_CHANGED``: past that (no scrape
+    for a long time while pods come and go) it stops growing and the next scrape renders
+    everything again."""
+
+    overflow = False
+
+    def add(self, name: str) -> None:
+        if len(self) < MAX_CHANGED:
+            super().add(name)
+        else:
+            self.overflow = True
+
+
 class ClusterText:
     """The cluster gauges as exposition text, kept per node and per pod."""
 
@@ -184,15 +199,28 @@ class ClusterText:
         self.pods: dict[str, tuple[bytes, ...]] = {}
 
     def _take(self) -> tuple[list[str], list[str]]:
-        """Nodes and pods to re-render: all of them the first time, then what changed."""
+        """Nodes and pods to re-render: all of them the first time (or after an
+        overflow), then what changed."""
         cluster = self.cluster
         nodes, pods = cluster.changed_nodes, cluster.changed_pods
-        cluster.changed_nodes, cluster.changed_pods = set(), set()
-        if nodes is None or pods is None:
+        cluster.changed_nodes, cluster.changed_pods = _Changed(), _Changed()
+        if (
+            not isinstance(nodes, _Changed)
+            or not isinstance(pods, _Changed)
+            or nodes.overflow
+            or pods.overflow
+        ):
             self.nodes.clear()
             self.pods.clear()
             return list(cluster.nodes), list(cluster.pods)
         return list(nodes), list(pods)
+
+    def forget(self) -> None:
+        """Stop tracking changes and drop the kept text (a replica that does not lead):
+        the next scrape that exports the gauges renders everything again."""
+        self.cluster.changed_nodes = self.cluster.changed_pods = None
+        self.nodes.clear()
+        self.pods.clear()
 
     def _update_node(self, name: str) -> None:
         node = self.cluster.nodes.get(name)
@@ -356,6 +384,8 @@ class SchedulerMetrics:
         """The whole exposition at once (tests, tools); the HTTP handler uses ``write_to``."""
         if self.cluster_gauges:
             self.cluster_text.catch_up()
+        else:
+            self.cluster_text.forget()
         return b"".join(self._pieces())
 
     async def write_to(
@@ -368,6 +398,8 @@ class SchedulerMetrics:
         priority (zlib lets go of the GIL while it works, so the loop runs meanwhile)."""
         if self.cluster_gauges:
             await self.cluster_text.catch_up_async()
+        else:
+            self.cluster_text.forget()
         packer = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS) if gzip else None
         pending: list[bytes] = []
         size = sent = 0
