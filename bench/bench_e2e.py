@@ -575,18 +575,6 @@ UNPLACEABLE = (
 )
 
 
-@contextlib.contextmanager
-def background(fn: Callable[[threading.Event], None]) -> Iterator[None]:
-    stop = threading.Event()
-    thread = threading.Thread(target=fn, args=(stop,), daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(60)
-
-
 def filter_http(args: argparse.Namespace) -> None:
     for nodes in args.filter_nodes:
         say(f"\n== filter over HTTP at {nodes} nodes x {GPUS} GPUs ({load()})")
@@ -635,42 +623,28 @@ def filter_at(args: argparse.Namespace, server: Server) -> None:
         first.append(server.call(uncached))
     say(f"  no fit, first time (decide, in process)  {ms(first)}")
 
-    burst_bodies = [
-        filter_body(f"stuck-{i}", UNPLACEABLE[i % len(UNPLACEABLE)], names) for i in range(100)
-    ]
-    burst_calls = [0]
-
-    def burst(stop: threading.Event) -> None:
-        other = Client(server.port)
-        i = 0
-        while not stop.is_set():
-            other.post("/filter", burst_bodies[i % len(burst_bodies)])
-            i += 1
-        burst_calls[0] = i
-
-    with background(burst):
-        time.sleep(0.2)
-        during = run(placeable, calls, True)
+    bodies = Path(tempfile.mkstemp(prefix="bench-e2e-burst-")[1])
+    with bodies.open("wb") as out:
+        for i in range(100):  # 100 stuck pods, four shapes
+            out.write(filter_body(f"stuck-{i}", UNPLACEABLE[i % len(UNPLACEABLE)], names) + b"\n")
+    try:
+        with client_process("burst", server.port, str(bodies)) as burst:
+            during = run(placeable, calls, True)
+            burst.terminate()
+            burst_calls = int((burst.communicate()[0] or "0").split()[-1])
+    finally:
+        bodies.unlink()
     say(
-        f"  placeable during a burst of unplaceable ({burst_calls[0]} calls, 100 pods): "
-        f"{ms(during)}"
+        f"  placeable during a burst of unplaceable ({burst_calls} calls, 100 pods, "
+        f"another process): {ms(during)}"
     )
 
-    scrapes: list[tuple[float, int, float, int]] = []
-
-    def scrape(stop: threading.Event) -> None:
-        while not stop.is_set() and len(scrapes) < 3:
-            began = time.perf_counter()
-            _, plain = http_get(server.port, "/metrics")
-            middle = time.perf_counter()
-            _, packed = http_get(server.port, "/metrics", {"Accept-Encoding": "gzip"})
-            scrapes.append((middle - began, len(plain), time.perf_counter() - middle, len(packed)))
-
-    with background(scrape):
-        during_scrape: list[float] = []
-        deadline = time.monotonic() + 120
-        while len(scrapes) < 3 and time.monotonic() < deadline:
+    during_scrape: list[float] = []
+    with client_process("scrape", server.port) as scraper:
+        deadline = time.monotonic() + 300
+        while scraper.poll() is None and time.monotonic() < deadline:
             during_scrape.extend(run(placeable, 5, True))
+        scrapes = json.loads(scraper.communicate()[0] or "[]")
     if scrapes:
         plain_s = statistics.median(s[0] for s in scrapes)
         gzip_s = statistics.median(s[2] for s in scrapes)
@@ -678,10 +652,60 @@ def filter_at(args: argparse.Namespace, server: Server) -> None:
             f"  /metrics scrape: {plain_s * 1000:.0f} ms for {scrapes[0][1] / 1e6:.1f} MB, "
             f"gzip {gzip_s * 1000:.0f} ms for {scrapes[0][3] / 1e6:.2f} MB"
         )
-    say(
-        f"  placeable during scrapes  {ms(during_scrape)}  max {max(during_scrape) * 1000:.1f} ms"
-        f"  ({load()})"
-    )
+    if during_scrape:
+        say(
+            f"  placeable during scrapes  {ms(during_scrape)}  "
+            f"max {max(during_scrape) * 1000:.1f} ms  ({load()})"
+        )
+
+
+@contextlib.contextmanager
+def client_process(kind: str, port: int, bodies: str = "") -> Iterator[subprocess.Popen[str]]:
+    """Another process posting (``burst``) or scraping (``scrape``): its CPU is not this
+    process's, as kube-scheduler's and Prometheus' are not the scheduler's."""
+    argv = [sys.executable, __file__, "--client", kind, "--port", str(port), "--bodies", bodies]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        proc.stdout.readline()  # "ready"
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def run_client(kind: str, port: int, bodies: str) -> None:
+    """The child side of ``client_process``."""
+    import signal
+
+    print("ready", flush=True)
+    if kind == "scrape":
+        results = []
+        for _ in range(3):
+            began = time.perf_counter()
+            _, plain = http_get(port, "/metrics")
+            middle = time.perf_counter()
+            _, packed = http_get(port, "/metrics", {"Accept-Encoding": "gzip"})
+            results.append((middle - began, len(plain), time.perf_counter() - middle, len(packed)))
+        print(json.dumps(results), flush=True)
+        return
+    lines = Path(bodies).read_bytes().splitlines()
+    calls = 0
+    stop = [False]
+
+    def finish(*_: Any) -> None:
+        stop[0] = True
+
+    signal.signal(signal.SIGTERM, finish)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    while not stop[0]:
+        conn.request(
+            "POST", "/filter", lines[calls % len(lines)], {"Content-Type": "application/json"}
+        )
+        conn.getresponse().read()
+        calls += 1
+    print(calls, flush=True)
 
 
 # --------------------------------------------------------------------------- main
@@ -702,6 +726,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--filter-nodes", type=int, nargs="*", default=None, help="default 1000 5000 15000"
     )
     parser.add_argument("--calls", type=int, default=None, help="filter calls per figure")
+    parser.add_argument("--client", choices=["burst", "scrape"], help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--bodies", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     quick = args.quick
     args.nodes = args.nodes or ([50] if quick else [50, 500])
@@ -735,6 +762,9 @@ async def main_async(args: argparse.Namespace) -> None:
 def main() -> None:
     log.configure("warning", "console", stream=sys.__stderr__)
     args = parse_args()
+    if args.client:
+        run_client(args.client, args.port, args.bodies)
+        return
     began = time.monotonic()
     asyncio.run(main_async(args))
     say(f"\nbench_e2e done in {time.monotonic() - began:.0f}s ({load()})")
