@@ -137,8 +137,10 @@ class NodeCache:
 
     def remember(self, pod: JSON) -> None:
         """A pod as the API server answered one of our writes: newer than what the watch
-        may have delivered so far, so the next ``Allocate`` does not plan from the old one."""
-        if (pod.get("spec") or {}).get("nodeName") == self.node:
+        may have delivered so far, so the next ``Allocate`` does not plan from the old one.
+        Only a pod the watch has shown (and not deleted since): one deleted meanwhile must
+        not come back, as no event would remove it again."""
+        if object_key(pod) in self._pods:
             self._store(pod)
 
     async def release_lock(self, value: str) -> bool:
