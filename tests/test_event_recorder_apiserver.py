@@ -228,3 +228,29 @@ async def test_kube_scheduler_retrying_an_unschedulable_pod_makes_at_most_a_few_
             f"\nunschedulable pod: {retries:.0f} filter calls in {elapsed:.1f}s -> "
             f"{len(ours)} Event object(s), counts {[e['count'] for e in ours]}"
         )
+
+
+async def test_a_bug_in_the_sender_costs_events_never_the_sender(
+    kube: Kube, namespace: str
+) -> None:
+    """The sender runs under the role's TaskGroup: if it died, the role would restart."""
+    pod = await _pod(kube, namespace, "p")
+    recorder = EventRecorder(kube, registry=CollectorRegistry())
+    due = recorder.folder.due
+    calls = 0
+
+    def broken_once(now: float) -> list[Any]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("a bug")
+        return due(now)
+
+    recorder.folder.due = broken_once  # type: ignore[method-assign]
+    async with _sending(recorder):
+        recorder.record(pod, "FilteringFailed", "first", "Warning")
+        await poll(lambda: calls >= 1, 10, "the broken step")
+        recorder.record(pod, "FilteringFailed", "second", "Warning")
+        await _settled(recorder, kube, namespace)
+    messages = sorted(e["message"] for e in await _events(kube, namespace, "p"))
+    assert messages == ["first", "second"]  # the first waited in the folder, not lost

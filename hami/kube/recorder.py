@@ -109,22 +109,30 @@ class EventRecorder:
         return self._queue.qsize()
 
     async def run(self) -> None:
-        """The sender; runs until cancelled."""
+        """The sender; runs until cancelled. A bug here costs Events, never the role: an
+        unexpected error is logged and the loop goes on."""
         while True:
-            wait = self.folder.next_due(self._clock())
             try:
-                if wait is None:
-                    occ = await self._queue.get()
-                else:
-                    async with asyncio.timeout(wait):
-                        occ = await self._queue.get()
-            except TimeoutError:
-                pass
+                await self._step()
+            except Exception:
+                _log.exception("event sender step failed; going on")
+                await asyncio.sleep(1.0)
+
+    async def _step(self) -> None:
+        wait = self.folder.next_due(self._clock())
+        try:
+            if wait is None:
+                occ = await self._queue.get()
             else:
-                self._fold(occ)
-            async with self._lock:
-                self._take_queued()
-                await self._send(self.folder.due(self._clock()))
+                async with asyncio.timeout(wait):
+                    occ = await self._queue.get()
+        except TimeoutError:
+            pass
+        else:
+            self._fold(occ)
+        async with self._lock:
+            self._take_queued()
+            await self._send(self.folder.due(self._clock()))
 
     async def flush(self, seconds: float = FLUSH_SECONDS) -> None:
         """Write everything queued or folded and not yet written, within ``seconds``."""
