@@ -88,13 +88,17 @@ def test_summary_reasons_agree_with_the_detailed_path(
     names = [*sorted(c.nodes), "ghost"]  # a name the cluster does not know
     needs = _needs(request)
     detailed = c.explain(request, names)
-    cheap = nofit.reasons(c.nodes, names, needs, lambda allowed: c.explain(request, allowed))
+    cheap, allowed = nofit.reasons(
+        c.nodes, names, needs, lambda allowed: c.explain(request, allowed)
+    )
     assert list(cheap) == names
     for name in names:
         summary = nofit.summary_reason(c.nodes.get(name), needs)
         if summary is None:
+            assert name in allowed
             assert cheap[name] == detailed[name]  # fitted in detail: the detailed reason
             continue
+        assert name not in allowed
         assert cheap[name] == summary
         assert detailed[name], f"{name}: the summary rules out a node that fits"
         held = c.nodes.get(name)
@@ -249,7 +253,71 @@ def test_a_quota_limit_change_is_part_of_the_key() -> None:
 def test_the_cache_is_bounded() -> None:
     cache = nofit.NoFitCache(entries=2)
     for i in range(5):
-        cache.put(7, i, {"n": str(i)})
-    assert cache.get(7, 0) is None and cache.get(7, 4) == {"n": "4"}
-    assert cache.get(8, 4) is None  # a new generation forgets everything
-    assert cache.get(8, 3) is None
+        cache.put(i, nofit.Answer(7, {"n": str(i)}, ()))
+    assert cache.get(0) is None
+    answer = cache.get(4)
+    assert answer is not None and answer.failed == {"n": "4"}
+
+
+def test_the_change_log_says_which_nodes_changed_or_that_it_lost_track() -> None:
+    cache = nofit.NoFitCache(changes=3)
+    assert cache.changed_since(0) == set()
+    for generation, name in enumerate(["a", "b", "a", "c"], start=1):
+        cache.changed(generation, name)
+    assert cache.changed_since(4) == set()
+    assert cache.changed_since(2) == {"a", "c"}
+    assert cache.changed_since(1) == {"a", "b", "c"}
+    assert cache.changed_since(0) is None  # generation 1's entry was dropped
+
+
+steps = st.lists(
+    st.tuples(
+        st.sampled_from(["fill", "free", "off", "on", "quota"]),
+        st.integers(0, nofit.DETAIL_NODES + 5),
+        st.integers(1, 2),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=steps, big=st.booleans())
+def test_an_answer_brought_up_to_date_equals_one_computed_afresh(
+    steps: list[tuple[str, int, int]], big: bool
+) -> None:
+    size = nofit.DETAIL_NODES + 6 if big else 5
+    c = big_cluster(size)
+    names = sorted(c.nodes)
+    asks = [
+        req(gpu(count=1, mem=10001)),  # never fits: the summaries' reasons
+        req(gpu(count=2, mem=7000)),  # fits only on a node nothing holds
+        req(gpu(count=1, pct=60)),  # memory checked per node, and by the quota
+        req(gpu(count=3, mem=100)),  # more devices than any node has
+    ]
+    held: dict[str, str] = {}
+    for step, (action, index, count) in enumerate(steps):
+        name = names[index % size]
+        if action == "fill":
+            fit = c.decide(req(gpu(count=count, mem=4000)), [name]).fit
+            if fit is not None:
+                c.reserve(f"team/f{step}", f"uid-{step}", name, fit)
+                held[f"team/f{step}"] = name
+        elif action == "free" and held:
+            c.release(sorted(held)[index % len(held)])
+        elif action == "off":
+            c.upsert_node(node(name, "not,a,register"), NOW)
+        elif action == "on":
+            c.upsert_node(
+                node(name, register([f"GPU-{name}-0", f"GPU-{name}-1"], memory=10000)), NOW
+            )
+        else:
+            quota(c, 5000 + 1000 * count)
+        for ask in asks:
+            kept = c.decide(ask, names, namespace="team")
+            fresh_cluster_cache = c.no_fit
+            c.no_fit = nofit.NoFitCache()
+            fresh = c.decide(ask, names, namespace="team")
+            c.no_fit = fresh_cluster_cache
+            assert (kept.node is None) == (fresh.node is None)
+            assert kept.failed == fresh.failed

@@ -282,7 +282,7 @@ class Cluster:
             return
         if self.changed_nodes is not None:
             self.changed_nodes.add(name)
-        self.generation += 1
+        self._changed(name)
         self._unindex(node)
         if any(record.node == name for record in self.pods.values()):
             # Pods still name it: keep their usage, forget the devices.
@@ -334,7 +334,7 @@ class Cluster:
                 state.available, state.reason = False, reason
                 state.refresh_view()
                 node.views[word] = state.view
-                self.generation += 1
+                self._changed(node.name)
             return {}, changes
 
     def _decide_availability(
@@ -362,11 +362,11 @@ class Cluster:
                 state.available, state.reason = available, reason
                 state.refresh_view()
                 node.views[word] = state.view
-                self.generation += 1
+                self._changed(node.name)
             elif node.views.get(word) is not state.view:
                 state.refresh_view()
                 node.views[word] = state.view
-                self.generation += 1
+                self._changed(node.name)
         return writes, changes
 
     def _decide_keys(
@@ -391,8 +391,13 @@ class Cluster:
             return True, None, stamps
         return False, decisions[0][1].reason, stamps
 
-    def _node_changed(self, node: NodeState) -> None:
+    def _changed(self, node: str) -> None:
+        """Something a decision reads changed on ``node`` (hami.core.nofit)."""
         self.generation += 1
+        self.no_fit.changed(self.generation, node)
+
+    def _node_changed(self, node: NodeState) -> None:
+        self._changed(node.name)
         if self.changed_nodes is not None:
             self.changed_nodes.add(node.name)
         for word, state in node.types.items():
@@ -583,7 +588,7 @@ class Cluster:
             self._apply(record, 1)
 
     def _apply(self, record: PodRecord, sign: int) -> None:
-        self.generation += 1
+        self._changed(record.node)
         self.quotas.hold(record.key, record.usage, record.types, sign)
         node = self.nodes.get(record.node)
         if node is None:
@@ -688,9 +693,9 @@ class Cluster:
                 names = self.nodes.keys() if candidates is None else candidates
                 return Decision(None, failed=dict.fromkeys(names, over))
         no_fit_key = self._no_fit_key(request, candidates, namespace)
-        known = self.no_fit.get(self.generation, no_fit_key)
+        known = self._known_no_fit(request, candidates, namespace, no_fit_key)
         if known is not None:
-            return Decision(None, failed=known)  # asked before, and nothing changed since
+            return Decision(None, failed=known)  # asked before, and still nothing fits
         node_policy = request.node_policy or self.node_policy
         device_policy = request.device_policy or self.device_policy
         needs = _needs(request)
@@ -724,19 +729,57 @@ class Cluster:
         key: Hashable,
     ) -> dict[str, str]:
         """Every candidate's reason when none fits (``hami.core.nofit``): shared, not to
-        be changed, and kept for the same question (``key``) while nothing changes."""
+        be changed, and kept for the same question (``key``)."""
         names = self.nodes.keys() if candidates is None else candidates
         failed: dict[str, str]
         if len(names) <= nofit.DETAIL_NODES:
             failed = self.explain(request, names, namespace=namespace)
+            detailed: Sequence[str] = list(failed)
         else:
-            failed = nofit.reasons(
+            failed, detailed = nofit.reasons(
                 self.nodes,
                 names,
                 needs,
                 lambda allowed: self.explain(request, allowed, namespace=namespace),
             )
-        self.no_fit.put(self.generation, key, failed)
+        self.no_fit.put(key, nofit.Answer(self.generation, failed, tuple(detailed)))
+        return failed
+
+    def _known_no_fit(
+        self,
+        request: PodRequest,
+        candidates: Collection[str] | None,
+        namespace: str | None,
+        key: Hashable,
+    ) -> dict[str, str] | None:
+        """The answer to the same question asked before, brought up to date by looking
+        again only at the nodes changed since and those answered in detail; None when
+        there is none, or one of them fits now (then the question is decided afresh)."""
+        answer = self.no_fit.get(key)
+        if answer is None:
+            return None
+        if answer.generation == self.generation:
+            return answer.failed
+        changed = None if candidates is None else self.no_fit.changed_since(answer.generation)
+        if changed is None or len(changed) > nofit.MAX_RECHECK:
+            return None  # every node is a candidate (new ones too), or too much changed
+        old = answer.failed
+        again = [name for name in changed if name in old]
+        again.extend(name for name in answer.detailed if name not in changed)
+        needs = _needs(request)
+        summaries = len(old) > nofit.DETAIL_NODES
+        update: dict[str, str] = {}
+        detailed: list[str] = []
+        for name in again:
+            why = nofit.summary_reason(self.nodes.get(name), needs) if summaries else None
+            if why is None:
+                why = self.explain(request, [name], namespace=namespace)[name]
+                if not why:
+                    return None  # it fits now
+                detailed.append(name)
+            update[name] = why
+        failed = old if all(old[n] == why for n, why in update.items()) else {**old, **update}
+        self.no_fit.put(key, nofit.Answer(self.generation, failed, tuple(detailed)))
         return failed
 
     def _no_fit_key(

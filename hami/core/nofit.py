@@ -21,15 +21,19 @@ gets the detailed reason. Small candidate sets get the detailed reason for every
 there it is cheap, and the device counts help whoever reads the Event. ``hami explain``
 always uses the detailed path (``Cluster.explain``).
 
-Answers are kept for identical requests while the cluster has not changed: the key is
-the cluster's generation (bumped on every node or pod-record change), the request's
-shape, the namespace's quota limits and the candidate names; a few entries at most.
+Answers are kept for identical questions: the key is the request's shape, the
+namespace's quota limits and the candidate names (a few entries at most). The cluster's
+generation is bumped on every change of a node or of a pod's hold, and each bump names
+its node: an answer is reused as is while the generation stays the same, and after
+changes only the changed nodes (and those answered in detail) are looked at again. When
+one of them now fits, the question is decided afresh.
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from hami.core.fit import (
@@ -44,6 +48,8 @@ from hami.core.requests import PodRequest
 # Up to this many candidates every node gets the detailed reason (about 20 us a node).
 DETAIL_NODES = 64
 CACHE_ENTRIES = 16
+CHANGE_LOG = 4096  # node changes remembered for bringing answers up to date
+MAX_RECHECK = 1024  # more changed nodes than this: answer afresh
 
 Need = tuple[str, int, int, int, bool]  # type, count, memory (0: relative), cores, exclusive
 
@@ -109,9 +115,9 @@ def reasons(
     names: Iterable[str],
     needs: Sequence[Need],
     detail: Callable[[list[str]], Mapping[str, str]],
-) -> dict[str, str]:
+) -> tuple[dict[str, str], list[str]]:
     """Every name's reason: the summary's where it rules the node out, else ``detail``'s
-    (called once, with the names the summaries allow)."""
+    (called once, with the names the summaries allow); and those names."""
     answer: dict[str, str] = {}
     allowed: list[str] = []
     get = nodes.get
@@ -124,7 +130,7 @@ def reasons(
             answer[name] = why
     if allowed:
         answer.update(detail(allowed))
-    return answer
+    return answer, allowed
 
 
 def request_shape(request: PodRequest, device_policy: str) -> Hashable:
@@ -139,35 +145,52 @@ def request_shape(request: PodRequest, device_policy: str) -> Hashable:
     )
 
 
-class NoFitCache:
-    """The latest no-fit answers, valid while the cluster's generation stays the same.
+@dataclass(slots=True)
+class Answer:
+    """A no-fit answer and what it was computed from."""
 
-    Answers are shared, not copied: callers must not change them.
+    generation: int  # the cluster's generation when it was last brought up to date
+    failed: dict[str, str]  # node -> reason: shared, callers must not change it
+    detailed: tuple[str, ...]  # nodes whose reason came from the detailed path
+
+
+class NoFitCache:
+    """The latest no-fit answers, and a log of which node each generation changed.
+
+    An answer of an older generation is brought up to date by rechecking only the nodes
+    changed since (the log says which) and the nodes answered in detail (their reason can
+    also depend on the namespace's quota use); see ``Cluster.decide``.
     """
 
-    def __init__(self, entries: int = CACHE_ENTRIES) -> None:
+    def __init__(self, entries: int = CACHE_ENTRIES, changes: int = CHANGE_LOG) -> None:
         self.entries = entries
-        self.generation = -1
-        self._answers: OrderedDict[Hashable, dict[str, str]] = OrderedDict()
+        self._answers: OrderedDict[Hashable, Answer] = OrderedDict()
+        self._log: deque[tuple[int, str]] = deque(maxlen=changes)
         self._counts: deque[tuple[Mapping[str, str], Counter[str]]] = deque(maxlen=entries)
-        self.hits = 0
-        self.misses = 0
 
-    def get(self, generation: int, key: Hashable) -> dict[str, str] | None:
-        if generation != self.generation:
-            self._answers.clear()
-            self.generation = generation
-            return None
+    def changed(self, generation: int, node: str) -> None:
+        """The cluster moved to ``generation`` by a change of ``node``."""
+        self._log.append((generation, node))
+
+    def changed_since(self, generation: int) -> set[str] | None:
+        """Nodes changed after ``generation``; None when the log no longer reaches back."""
+        names: set[str] = set()
+        for changed_at, node in reversed(self._log):
+            if changed_at <= generation:
+                return names
+            names.add(node)
+        first = self._log[0][0] if self._log else generation + 1
+        return names if first == generation + 1 else None
+
+    def get(self, key: Hashable) -> Answer | None:
         answer = self._answers.get(key)
         if answer is not None:
             self._answers.move_to_end(key)
         return answer
 
-    def put(self, generation: int, key: Hashable, answer: dict[str, str]) -> None:
-        if generation != self.generation:
-            self._answers.clear()
-            self.generation = generation
+    def put(self, key: Hashable, answer: Answer) -> None:
         self._answers[key] = answer
+        self._answers.move_to_end(key)
         while len(self._answers) > self.entries:
             self._answers.popitem(last=False)
 
