@@ -10,11 +10,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from _manifest_helpers import apply, documents
 from _sched_helpers import FakeClock, create_pod, gpu_pod, running_scheduler, unique
 from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
-from hami.kube.client import Kube
+from hami.kube.client import Kube, open_client
 from hami.kube.raw import JSON
 from hami.kube.recorder import EventRecorder
 from hami.testkit.cluster import LocalCluster, NodeSpec, limits, poll
@@ -22,6 +23,7 @@ from hami.testkit.cluster import gpu_pod as cluster_pod
 from hami.testkit.controlplane import ControlPlane
 
 pytestmark = pytest.mark.controlplane
+SCHEDULER_SA = "system:serviceaccount:hami-system:hami-scheduler"
 
 
 async def _events(kube: Kube, namespace: str, name: str) -> list[JSON]:
@@ -254,3 +256,35 @@ async def test_a_bug_in_the_sender_costs_events_never_the_sender(
         await _settled(recorder, kube, namespace)
     messages = sorted(e["message"] for e in await _events(kube, namespace, "p"))
     assert messages == ["first", "second"]  # the first waited in the folder, not lost
+
+
+async def test_the_scheduler_service_account_may_create_and_patch_its_events(
+    kube: Kube, controlplane: ControlPlane, namespace: str
+) -> None:
+    """The manifests' RBAC, applied for real, lets the recorder's writes through as the
+    scheduler role's service account (a patch that RBAC refused would leave every count at
+    1 in a real cluster while this file's other tests, run as admin, pass). Today the
+    patch verb comes from the ``system:kube-scheduler`` binding the pod's kube-scheduler
+    needs too."""
+    for doc in documents("00-*.yaml") + documents("10-*.yaml"):
+        await apply(kube, doc)
+    pod = await _pod(kube, namespace, "p")
+    async with open_client(controlplane.kubeconfig) as scheduler_kube:
+        scheduler_kube.api.set_default_header("Impersonate-User", SCHEDULER_SA)
+        registry = CollectorRegistry()
+        recorder = EventRecorder(scheduler_kube, registry=registry, update_every=0.0)
+        async with _sending(recorder):
+            recorder.record(pod, "FilteringFailed", "no fit", "Warning")
+
+            def ok(verb: str) -> float:
+                labels = {"verb": verb, "outcome": "ok"}
+                return registry.get_sample_value("hami_events_writes_total", labels) or 0.0
+
+            await poll(lambda: ok("create") == 1, 20, "the create")
+            recorder.record(pod, "FilteringFailed", "no fit", "Warning")
+            await poll(lambda: ok("patch") == 1, 20, "the patch")
+    assert registry.get_sample_value(
+        "hami_events_writes_total", {"verb": "patch", "outcome": "error"}
+    ) in (None, 0.0)
+    (event,) = await _events(kube, namespace, "p")
+    assert event["count"] == 2
