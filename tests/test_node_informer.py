@@ -10,7 +10,7 @@ import contextlib
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -344,3 +344,20 @@ async def test_the_agent_runs_the_watches_and_reports_them(
             await agent.stop()
             with contextlib.suppress(BaseException):
                 await task
+
+
+async def test_an_expired_lock_in_the_watch_makes_allocate_read_the_api(
+    rig: Rig, namespace: str
+) -> None:
+    # a lock older than the lock timeout may have been taken over already: the watch's
+    # copy cannot say which pod kubelet is starting
+    name = unique("p")
+    stale = NodeLock(datetime.now(UTC) - timedelta(minutes=10), namespace, name).encode()
+    await rig.kube.patch_node_annotations(rig.node, {keys.NODE_LOCK: stale})
+    await rig.kube.create(pods_path(namespace), bound_pod(name, rig.node, gpus(rig.node, 0)))
+    await rig.seen(namespace, name)
+
+    plan = await rig.allocate()
+
+    assert plan.pod == f"{namespace}/{name}" and plan.done
+    assert rig.allocator.served == {"cache": 0, "api": 1}
