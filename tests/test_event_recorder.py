@@ -181,3 +181,25 @@ def test_nothing_due_while_the_only_dirty_write_is_on_the_wire() -> None:
 def test_limits_that_would_spin_or_never_write_are_refused(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         Folder(**bad)  # type: ignore[arg-type]
+
+
+def test_a_key_forgotten_and_seen_again_is_written_once() -> None:
+    folder = Folder(burst=5, refill=60, update_every=60, max_keys=1)
+    folder.add(occ("a"), now=0.0)
+    folder.add(occ("b"), now=0.0)  # forgets "a"
+    folder.add(occ("a"), now=0.0)  # forgets "b"; "a" again, due at the same time
+    writes = folder.due(now=0.0)
+    assert [(w.first.message, w.count) for w in writes] == [("a", 1)]
+
+
+def test_many_waiting_events_are_each_written_when_due() -> None:
+    folder = Folder(burst=1, refill=60, update_every=60)
+    pods = [ObjectRef("ns", f"p{i}", f"u{i}") for i in range(300)]
+    for i, ref in enumerate(pods):  # one create a second
+        folder.add(occ(ref=ref), now=float(i))
+        ack(folder, folder.due(now=float(i)), now=float(i))
+    for ref in pods:  # then a repeat of each: due a minute after its create
+        folder.add(occ(ref=ref), now=300.0)
+    assert [w.first.ref.name for w in folder.due(now=70.0)] == [f"p{i}" for i in range(11)]
+    assert len(folder.due(now=299.0)) == 229
+    assert folder.next_due(now=299.0) == 1.0  # p240's turn at 300

@@ -19,6 +19,7 @@ back with ``written``/``failed``. Time is a monotonic float passed in by the cal
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -128,7 +129,10 @@ class Folder:
     _folds: OrderedDict[Key, Fold] = field(default_factory=OrderedDict)
     _buckets: OrderedDict[str, Bucket] = field(default_factory=OrderedDict)
     _dirty: dict[Key, None] = field(default_factory=dict)  # ordered: oldest first
-    _earliest: float = float("inf")  # no dirty fold is due before this
+    # (due_at, sequence, key) of dirty folds; an entry whose fold has another due_at now
+    # is stale and skipped when it comes up, so every change is one O(log n) push.
+    _timers: list[tuple[float, int, Key]] = field(default_factory=list)
+    _sequence: int = 0
 
     def __post_init__(self) -> None:
         if self.burst < 1 or self.refill <= 0 or self.update_every < 0 or self.max_keys < 1:
@@ -140,7 +144,7 @@ class Folder:
         return len(self._folds)
 
     def add(self, occ: Occurrence, now: float) -> bool:
-        """Count one occurrence (O(1)); True when it folded into an existing key."""
+        """Count one occurrence (O(log n)); True when it folded into an existing key."""
         key = key_of(occ)
         fold = self._folds.get(key)
         folded = fold is not None
@@ -156,23 +160,31 @@ class Folder:
             self.folded += 1
         if key not in self._dirty:
             self._dirty[key] = None
-        self._earliest = min(self._earliest, fold.due_at)
+            self._schedule(fold)
         return folded
 
     def next_due(self, now: float) -> float | None:
-        """Seconds until a write may be due (0: now), or None when nothing waits."""
-        if not self._dirty or self._earliest == float("inf"):
-            return None  # nothing, or only writes on the wire (they report back)
-        return max(0.0, self._earliest - now)
+        """Seconds until a write may be due (0: now), or None when nothing waits (or only
+        writes on the wire, which report back)."""
+        self._drop_stale()
+        if not self._timers:
+            return None
+        return max(0.0, self._timers[0][0] - now)
 
     def due(self, now: float) -> list[Write]:
-        """The writes to make now, each holding a token of its object: new keys first."""
-        if not self._dirty or now < self._earliest:
-            return []
-        ready = [self._folds[k] for k in self._dirty if self._folds[k].due_at <= now]
-        ready.sort(key=lambda f: (f.written > 0, f.due_at))
+        """The writes to make now, each holding a token of its object: new keys first.
+        Costs O(log n) per fold that is due, never a scan of every fold."""
+        ready: list[tuple[bool, float, int, Fold]] = []
+        seen: set[Key] = set()  # a key forgotten and seen again may have two entries
+        while self._timers and self._timers[0][0] <= now:
+            at, sequence, key = heapq.heappop(self._timers)
+            fold = self._folds.get(key)
+            if fold is not None and fold.due_at == at and key in self._dirty and key not in seen:
+                seen.add(key)
+                ready.append((fold.written > 0, at, sequence, fold))
+        ready.sort(key=lambda r: r[:3])
         writes: list[Write] = []
-        for fold in ready:
+        for *_, fold in ready:
             bucket = self._bucket(fold.key[0], now)
             if bucket.take(now, self.burst, self.refill):
                 writes.append(self._write(fold))
@@ -180,7 +192,7 @@ class Folder:
                 fold.due_at = float("inf")
             else:
                 fold.due_at = bucket.next_token(now, self.burst, self.refill)
-        self._recompute_earliest()
+                self._schedule(fold)
         return writes
 
     def drain(self) -> list[Write]:
@@ -188,7 +200,7 @@ class Folder:
         writes = [self._write(self._folds[k]) for k in self._dirty]
         for write in writes:
             self._folds[write.key].due_at = float("inf")
-        self._earliest = float("inf")
+        self._timers.clear()
         return writes
 
     def written(self, write: Write, name: str, now: float) -> None:
@@ -214,9 +226,22 @@ class Folder:
         fold.due_at = due_at
         if fold.dirty:
             self._dirty[fold.key] = None
-            self._earliest = min(self._earliest, due_at)
+            self._schedule(fold)
         else:
             self._dirty.pop(fold.key, None)
+
+    def _schedule(self, fold: Fold) -> None:
+        if fold.due_at != float("inf"):
+            self._sequence += 1
+            heapq.heappush(self._timers, (fold.due_at, self._sequence, fold.key))
+
+    def _drop_stale(self) -> None:
+        while self._timers:
+            at, _, key = self._timers[0]
+            fold = self._folds.get(key)
+            if fold is not None and fold.due_at == at and key in self._dirty:
+                return
+            heapq.heappop(self._timers)
 
     def _write(self, fold: Fold) -> Write:
         return Write(fold.key, fold.first, fold.count, fold.last, fold.name)
@@ -237,6 +262,3 @@ class Folder:
         if fold.dirty:
             self.evicted += 1
         self._dirty.pop(key, None)
-
-    def _recompute_earliest(self) -> None:
-        self._earliest = min((self._folds[k].due_at for k in self._dirty), default=float("inf"))
