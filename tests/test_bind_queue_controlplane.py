@@ -164,3 +164,41 @@ async def test_a_restart_between_filter_and_bind_loses_the_reservation_only(
             assert await post(f"{third.url}/bind", binding(plain, name)) == {"Error": ""}
     finally:
         await delete_nodes(kube, [name])
+
+
+async def test_a_failed_binding_marks_the_pod_failed_unless_it_changed_since(
+    kube: Kube, namespace: str
+) -> None:
+    name = await one_node(kube, "un")
+    key = f"{namespace}/p"
+    try:
+        async with running_scheduler(kube, FakeClock()) as role:
+            cluster = role.scheduler.cluster
+            await poll(lambda: name in cluster.nodes)
+            pod = await create_pod(kube, namespace, gpu_pod("p", mem=3000))
+            await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": [name]})
+            # a Binding the API server refuses (another pod's uid) after the pod write
+            wrong = {**binding(pod, name), "PodUID": "not-this-pod"}
+            answer = await post(f"{role.url}/bind", wrong)
+            assert "creating the Binding" in answer["Error"], answer
+            stored = await kube.get_pod(namespace, "p")
+            ann = stored["metadata"]["annotations"]
+            assert ann[keys.BIND_PHASE] == "failed" and ann[keys.VGPU_NODE] == name
+            assert "nodeName" not in stored["spec"]
+            node = await kube.get_node(name)
+            assert keys.NODE_LOCK not in (node["metadata"].get("annotations") or {})
+            assert key not in cluster.reservations
+            await poll(lambda: name not in cluster.usage_snapshot())  # failed: holds nothing
+            # an undo that comes late (its writes waited for the API server) while the pod
+            # was bound meanwhile leaves the pod and its lock alone
+            await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": [name]})
+            record = cluster.pods[key]
+            assert await post(f"{role.url}/bind", binding(pod, name)) == {"Error": ""}
+            stale_version = "1"  # any version but the pod's current one
+            await role.scheduler._undo_bind(namespace, "p", name, record, stale_version)
+            stored = await kube.get_pod(namespace, "p")
+            assert stored["metadata"]["annotations"][keys.BIND_PHASE] == "allocating"
+            node = await kube.get_node(name)
+            assert node["metadata"]["annotations"][keys.NODE_LOCK].endswith(f",{namespace},p")
+    finally:
+        await delete_nodes(kube, [name])

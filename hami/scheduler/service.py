@@ -547,23 +547,25 @@ class Scheduler:
         wait = self.settings.bind_lock_wait.seconds
         deadline = self.clock.monotonic() + wait
         self._binding.add(key)  # its reservation must not expire while it waits
+        written: str | None = None  # the pod's resourceVersion after our write
         try:
             # One bind per node at a time; its turn ends with the Binding (the next one
             # then waits for the node agent to release the lock after Allocate).
             async with self.bind_queue.turn(node, wait):
                 try:
                     await self._take_lock(node, namespace, name, deadline)
-                    await self._kube.patch_pod_annotations(
+                    answer = await self._kube.patch_pod_annotations(
                         namespace, name, self._bind_annotations(record)
                     )
+                    written = str(metadata_of(answer).get("resourceVersion") or "") or None
                     await self._create_binding(namespace, name, uid, node)
                 except BaseException as exc:
-                    await self._undo_bind(namespace, name, node, record)
+                    await self._undo_bind(namespace, name, node, record, written)
                     if isinstance(exc, KubeError):
                         raise BindError(f"hami bind: pod {key} on node {node}: {exc}") from exc
                     raise
         except QueueTimeout as exc:
-            await self._undo_bind(namespace, name, node, record)
+            await self._undo_bind(namespace, name, node, record, None)
             raise BindError(
                 f"hami bind: node {node} is busy: {exc.ahead} bind(s) queued before pod {key} "
                 f"did not finish within scheduler.bind_lock_wait ({wait:g}s); each waits for "
@@ -622,23 +624,45 @@ class Scheduler:
                 f"hami bind: creating the Binding of {namespace}/{name} failed: {exc}"
             ) from exc
 
-    async def _undo_bind(self, namespace: str, name: str, node: str, record: PodRecord) -> None:
-        """Release our lock, mark the pod failed and drop its reservation (best effort)."""
+    async def _undo_bind(
+        self, namespace: str, name: str, node: str, record: PodRecord, written: str | None
+    ) -> None:
+        """Mark the pod failed, release our lock and drop its reservation (best effort).
+
+        The pod is marked ``bind-phase: failed`` only when this bind wrote it (``written``:
+        the resourceVersion our write left), and only if nothing changed it since: a
+        Binding that went through although its answer was lost, or a later bind of the
+        same pod (kube-scheduler retries while a slow undo still waits for the API
+        server), must not be failed by it; the lock then stays too (the node agent
+        releases it after that pod's Allocate, or the lock rules take it over). Before our
+        write the pod holds nothing of ours.
+        """
         key = f"{namespace}/{name}"
-        with contextlib.suppress(KubeError):
-            current = await self._kube.get_node(node)
-            meta = metadata_of(current)
-            lock = parse_lock(annotations_of(current).get(keys.NODE_LOCK))
-            if lock is not None and (lock.namespace, lock.pod) == (namespace, name):
-                await self._kube.patch_node_annotations(
-                    node,
-                    {keys.NODE_LOCK: None},
-                    resource_version=str(meta.get("resourceVersion") or "") or None,
+        changed = False  # the pod changed since our write
+        if written is not None:
+            try:
+                await self._kube.patch_pod_annotations(
+                    namespace,
+                    name,
+                    {keys.BIND_PHASE: str(keys.BindPhase.FAILED)},
+                    resource_version=written,
                 )
-        with contextlib.suppress(KubeError):
-            await self._kube.patch_pod_annotations(
-                namespace, name, {keys.BIND_PHASE: str(keys.BindPhase.FAILED)}
-            )
+            except Conflict:
+                _log.info("pod changed since this bind wrote it: left as it is", pod=key)
+                changed = True
+            except KubeError as exc:
+                _log.info("pod not marked failed", pod=key, reason=str(exc))
+        if not changed:
+            with contextlib.suppress(KubeError):
+                current = await self._kube.get_node(node)
+                meta = metadata_of(current)
+                lock = parse_lock(annotations_of(current).get(keys.NODE_LOCK))
+                if lock is not None and (lock.namespace, lock.pod) == (namespace, name):
+                    await self._kube.patch_node_annotations(
+                        node,
+                        {keys.NODE_LOCK: None},
+                        resource_version=str(meta.get("resourceVersion") or "") or None,
+                    )
         if self.cluster.pods.get(key) == record:
             self.cluster.release(key)
 
