@@ -947,12 +947,8 @@ def _with_nodes(args: Mapping[str, Any], answer: Json, chosen: Sequence[str]) ->
 
 
 def _bind_reason(message: str) -> str:
-    if "is locked by" in message:
-        return "node_locked"
-    if "is busy" in message:
-        return "node_busy"
-    if "no reservation" in message:
-        return "no_reservation"
+    if "is locked by" in message or "is busy" in message:
+        return "node_locked"  # waited for the node lock, held or queued for
     if "Binding" in message:
         return "binding"
     if "placed on node" in message:
