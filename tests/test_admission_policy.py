@@ -309,3 +309,29 @@ async def test_the_roles_own_calls_pass(controlplane: Any, scene: dict[str, Any]
         await kube.patch_pod_annotations(namespace, "pending", {keys.VGPU_NODE: b})
         await kube.bind_pod(namespace, "pending", pod["metadata"]["uid"], b)
         assert await events.emit_pod_event(kube, pod, "BindingSucceed", "bound") is True
+
+
+async def test_the_node_agents_watches_run_as_its_service_account(
+    controlplane: Any, scene: dict[str, Any]
+) -> None:
+    """Allocate reads its pod from watches of its own Node and of the pods bound to it
+    (hami.node.podcache): the node role's RBAC must allow list and watch of both, or every
+    Allocate falls back to API reads."""
+    from hami.node.podcache import NodeCache
+
+    a, _b = scene["names"]
+    async with client_as(controlplane, NODE_SA, a) as kube:
+        cache = NodeCache(kube, a, max_backoff=0.5)
+        task = asyncio.get_running_loop().create_task(cache.run())
+        try:
+            async with asyncio.timeout(20):
+                for reflector in cache.reflectors:
+                    await reflector.synced.wait()
+            assert cache.not_current() is None
+            assert [p["metadata"]["name"] for p in cache.pods()] == ["on-a"]
+            node = cache.node_object
+            assert node is not None and node["metadata"]["name"] == a
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
