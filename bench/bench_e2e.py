@@ -27,8 +27,10 @@ Parts (``--only`` picks some):
   pod every call, so its earlier hold is released and the cluster stays the same), an
   unplaceable one, placeable while another thread posts unplaceable pods back to back
   (100 pods, four shapes), and placeable while another thread scrapes ``/metrics``.
-  The no-fit decision is also timed in process: the first time it is asked, and again
-  after one placement changed one node (an answer brought up to date).
+  The no-fit decision is also timed in process: every node's device-level reasons (what
+  ``hami explain`` computes, and what a no-fit cost before ``hami.core.nofit``), the
+  first time it is asked, and again after one placement changed one node (an answer
+  brought up to date).
 
 The load average (``os.getloadavg``) is printed with every part: the figures are only as
 quiet as the machine. A benchmark, not a test: it prints figures and never fails on them.
@@ -607,6 +609,16 @@ def filter_at(args: argparse.Namespace, server: Server) -> None:
     run(placeable, 5, True)
     say(f"  placeable               {ms(run(placeable, calls, True))}")
     say(f"  unplaceable (repeated)  {ms(run(unplaceable, calls, False))}")
+    _took, answer = client.post("/filter", unplaceable)
+    encode: list[float] = []
+    for _ in range(20):
+        began = time.perf_counter()
+        json.dumps(answer, separators=(",", ":")).encode()  # as the extender answers
+        encode.append(time.perf_counter() - began)
+    say(
+        f"    of which encoding its {len(answer['FailedNodes'])} FailedNodes "
+        f"({len(json.dumps(answer)) / 1e3:.0f} kB) with json  {ms(encode)}"
+    )
 
     cluster = server.scheduler.cluster
     from hami.core.nofit import NoFitCache
@@ -635,6 +647,13 @@ def filter_at(args: argparse.Namespace, server: Server) -> None:
         cluster.release("bench/moved")
         return took
 
+    def detailed() -> float:
+        began = time.perf_counter()
+        cluster.explain(request, names, namespace="bench")
+        return time.perf_counter() - began
+
+    full = [server.call(detailed) for _ in range(3)]
+    say(f"  every node's device-level reasons (explain's path) {ms(full)}")
     first = [server.call(afresh) for _ in range(max(3, calls // 20))]
     say(f"  no fit, first time (decide, in process)           {ms(first)}")
     server.call(decide_ms)
