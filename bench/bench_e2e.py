@@ -1,6 +1,6 @@
 """End to end on the real control plane: kube-scheduler alone vs kube-scheduler + hami.
 
-    .venv/bin/python bench/bench_e2e.py            # everything, default sizes (~10 min)
+    .venv/bin/python bench/bench_e2e.py            # everything, default sizes (~10 min on 2 cores)
     .venv/bin/python bench/bench_e2e.py --quick    # small sizes (~2 min)
     .venv/bin/python bench/bench_e2e.py --only throughput --nodes 50 500 --pods 300
 
@@ -14,10 +14,13 @@ Parts (``--only`` picks some):
   is kube-scheduler with hami (``hami run --role scheduler``, its own process) as
   extender placing pods that ask one 1000 MiB GPU slice, with the node policy in the pod's
   annotation. A stand-in node agent in this process does what the real one does after
-  the last Allocate (``bind-phase: success``, node lock released). Rounds interleave
-  alone/hami and the policies. Figures: pods bound/s ((pods - 1) / first to last bind),
-  hami/alone ratio, failed binds (``hami_bind_total``), scheduler CPU per placed pod
-  (the hami process's user + system time over the round / pods).
+  the last Allocate (``bind-phase: success``, node lock released). A third kind of round
+  adds 100 pods no node can take (``--stuck``), which kube-scheduler keeps retrying while
+  it places the others: *alone+stuck* (pods asking 1000 cpus) and *hami+stuck* (pods
+  asking more GPU memory than a device has). Rounds interleave the kinds and the policies.
+  Figures: pods bound/s ((pods - 1) / first to last bind), hami/alone ratio, failed
+  binds (``hami_bind_total``), scheduler CPU per placed pod (the hami process's user +
+  system time over the round / pods).
 - ``one-node``: ``hami.testkit.LocalCluster`` with one node (node agent, fake backend,
   kubelet emulator): the time until one pod is Running, then until 10 one-slice pods
   created at once are all Running.
@@ -25,8 +28,8 @@ Parts (``--only`` picks some):
   N nodes x 8 GPUs, about half the devices in use) served over HTTP by the role's aiohttp
   routes; a client thread posts ExtenderArgs with all N names: a placeable pod (the same
   pod every call, so its earlier hold is released and the cluster stays the same), an
-  unplaceable one, placeable while another thread posts unplaceable pods back to back
-  (100 pods, four shapes), and placeable while another thread scrapes ``/metrics``.
+  unplaceable one, placeable while another process posts unplaceable pods back to back
+  (100 pods, four shapes), and placeable while another process scrapes ``/metrics``.
   The no-fit decision is also timed in process: every node's device-level reasons (what
   ``hami explain`` computes, and what a no-fit cost before ``hami.core.nofit``), the
   first time it is asked, and again after one placement changed one node (an answer
@@ -364,6 +367,7 @@ async def throughput_round(
     pods: int,
     use_hami: bool,
     policy: str,
+    stuck: int = 0,
 ) -> dict[str, Any]:
     gate = asyncio.Semaphore(16)
     prefix = f"{'h' if use_hami else 'a'}-{policy[0]}-{uuid.uuid4().hex[:4]}"
@@ -371,17 +375,24 @@ async def throughput_round(
     async def create(i: int) -> None:
         async with gate:
             body = bench_pod(f"{prefix}-{i:04d}", run, use_hami, policy)
+            if i >= pods:  # a pod no node can take: kube-scheduler retries it all along
+                body["metadata"]["name"] = f"{prefix}-stuck-{i:04d}"
+                resources = body["spec"]["containers"][0]["resources"]
+                if use_hami:
+                    resources["limits"]["nvidia.com/gpumem"] = str(GPU_MEMORY + 1000)
+                else:
+                    resources["requests"]["cpu"] = "1000"
             await kube.create(pods_path(namespace), body)
 
-    await asyncio.gather(*(create(i) for i in range(pods)))
+    await asyncio.gather(*(create(i) for i in range(pods + stuck)))
     _items, version = await kube.list_all(pods_path(namespace))
     watch = PodWatch(kube, namespace, agent=use_hami)
     watcher = asyncio.create_task(watch.run(version))
     failed_before = hami.failed_binds() if use_hami else 0
     cpu_before = hami.cpu_seconds()
     cfg = kube_scheduler_config(use_hami, policy, hami.extender_port)
-    sched = await asyncio.to_thread(plane.start_scheduler, cfg, f"ks-{prefix}")
     started = time.monotonic()
+    sched = await asyncio.to_thread(plane.start_scheduler, cfg, f"ks-{prefix}")
     done = await watch.wait(pods, timeout=max(60.0, pods * 0.5))
     finished = time.monotonic()
     cpu = hami.cpu_seconds() - cpu_before
@@ -426,34 +437,54 @@ async def throughput(args: argparse.Namespace, plane: ControlPlane, workdir: Pat
                 names = await create_nodes(kube, run, count)
                 say(f"{count} nodes created in {time.monotonic() - began:.1f}s; {args.pods} pods")
                 await asyncio.sleep(2.0)  # the hami scheduler's watch takes them in
-                results: dict[tuple[str, bool], list[dict[str, Any]]] = {}
+                results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+                modes = ["alone", "hami"] + (["alone+stuck", "hami+stuck"] if args.stuck else [])
                 for rnd in range(args.rounds):
-                    order = [(p, h) for p in args.policies for h in (False, True)]
+                    order = [(p, m) for p in args.policies for m in modes]
                     if rnd % 2:
                         order.reverse()
-                    for policy, use_hami in order:
+                    for policy, mode in order:
                         result = await throughput_round(
-                            plane, kube, hami, run, namespace, args.pods, use_hami, policy
+                            plane,
+                            kube,
+                            hami,
+                            run,
+                            namespace,
+                            args.pods,
+                            mode.startswith("hami"),
+                            policy,
+                            args.stuck if mode.endswith("stuck") else 0,
                         )
-                        results.setdefault((policy, use_hami), []).append(result)
-                        mode = "hami " if use_hami else "alone"
+                        results.setdefault((policy, mode), []).append(result)
                         say(
-                            f"  round {rnd + 1} {policy:7s} {mode}: {result['bound']}/{args.pods}"
-                            f" bound, {result['rate']:6.1f} pods/s, all in "
-                            f"{result['until_all']:5.1f}s, failed binds {result['failed']}, "
+                            f"  round {rnd + 1} {policy:7s} {mode:11s}: "
+                            f"{result['bound']}/{args.pods} bound, {result['rate']:6.1f} pods/s, "
+                            f"all in {result['until_all']:5.1f}s, failed binds {result['failed']}, "
                             f"cpu/pod {result['cpu_ms_per_pod']:5.1f} ms  ({load()})"
                         )
                 say(f"summary at {count} nodes ({load()}):")
                 for policy in args.policies:
-                    alone = statistics.median(r["rate"] for r in results[(policy, False)])
-                    with_hami = statistics.median(r["rate"] for r in results[(policy, True)])
-                    cpu = statistics.median(r["cpu_ms_per_pod"] for r in results[(policy, True)])
-                    failed = sum(r["failed"] for r in results[(policy, True)])
+                    alone = statistics.median(r["rate"] for r in results[(policy, "alone")])
+                    with_hami = statistics.median(r["rate"] for r in results[(policy, "hami")])
+                    cpu = statistics.median(r["cpu_ms_per_pod"] for r in results[(policy, "hami")])
+                    failed = sum(r["failed"] for r in results[(policy, "hami")])
                     say(
                         f"  {policy:7s}: alone {alone:6.1f} pods/s, + hami {with_hami:6.1f} "
                         f"pods/s, ratio {with_hami / alone:4.2f}x, failed binds {failed}, "
                         f"hami cpu {cpu:5.1f} ms/pod"
                     )
+                    if args.stuck:
+                        stuck = statistics.median(
+                            r["rate"] for r in results[(policy, "hami+stuck")]
+                        )
+                        base = statistics.median(
+                            r["rate"] for r in results[(policy, "alone+stuck")]
+                        )
+                        say(
+                            f"  {policy:7s}: with {args.stuck} stuck pods: alone {base:6.1f} "
+                            f"pods/s ({base / alone:4.2f}x of alone without them), + hami "
+                            f"{stuck:6.1f} pods/s ({stuck / with_hami:4.2f}x of hami without them)"
+                        )
                 with contextlib.suppress(KubeError):
                     await kube.delete(f"/api/v1/namespaces/{namespace}")
                 for name in names:
@@ -758,6 +789,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pods", type=int, default=None, help="pods per round (default 300)")
     parser.add_argument("--rounds", type=int, default=None, help="default 2")
     parser.add_argument("--policies", nargs="*", default=["binpack", "spread"])
+    parser.add_argument(
+        "--stuck", type=int, default=None, help="pods no node takes, beside hami's (default 100)"
+    )
     parser.add_argument("--one-node-reps", type=int, default=None, help="default 2")
     parser.add_argument(
         "--filter-nodes", type=int, nargs="*", default=None, help="default 1000 5000 15000"
@@ -771,6 +805,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.nodes = args.nodes or ([50] if quick else [50, 500])
     args.pods = args.pods or (100 if quick else 300)
     args.rounds = args.rounds or (1 if quick else 2)
+    args.stuck = (20 if quick else 100) if args.stuck is None else args.stuck
     args.one_node_reps = args.one_node_reps or (1 if quick else 2)
     args.filter_nodes = args.filter_nodes or ([1000] if quick else [1000, 5000, 15000])
     args.calls = args.calls or (50 if quick else 200)
