@@ -93,9 +93,11 @@ class LeaderElectionConfig:
     lease_name: str = "hami-scheduler"
     namespace: str = ""  # empty: POD_NAMESPACE, else the service account's namespace
     identity: str = ""  # empty: POD_NAME, else the host name
-    lease_duration: Duration = Duration(15)
-    renew_deadline: Duration = Duration(10)
-    retry_period: Duration = Duration(2)
+    # a standby takes over <= 15 s after the leader dies, with kube-scheduler's Lease on the
+    # same timing (docs/operations.md "High availability" has the worst case)
+    lease_duration: Duration = Duration(8)
+    renew_deadline: Duration = Duration(5)
+    retry_period: Duration = Duration(1)
     # "namespace/name" of kube-scheduler's Lease: lead only while this pod's kube-scheduler
     # holds it (its holder is "<pod name>_<uuid>"); empty: hami's own Lease alone decides.
     follow_kube_scheduler: str = ""

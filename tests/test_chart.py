@@ -199,10 +199,16 @@ def test_defaults_render_the_deployment() -> None:
         "leaderElect": True,
         "resourceNamespace": "hami-system",
         "resourceName": "hami-kube-scheduler",
+        "leaseDuration": "8s",
+        "renewDeadline": "5s",
+        "retryPeriod": "1s",
     }
-    # hami's own Lease, held only while this pod's kube-scheduler leads (docs/operations.md)
+    # hami's own Lease, held only while this pod's kube-scheduler leads (docs/operations.md),
+    # on the same timing as kube-scheduler's
     election = hami_cfg.scheduler.leader_election
     assert (election.enabled, election.lease_name) == (True, "hami-scheduler")
+    timing = (election.lease_duration, election.renew_deadline, election.retry_period)
+    assert tuple(d.seconds for d in timing) == (8, 5, 1)
     assert election.follow_kube_scheduler == "hami-system/hami-kube-scheduler"
     deployment = objs[("Deployment", "hami-scheduler")]["spec"]
     assert deployment["replicas"] == 2

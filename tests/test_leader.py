@@ -156,6 +156,33 @@ async def test_it_leads_only_while_its_kube_scheduler_does(
     assert spec.get("holderIdentity", "") == ""
 
 
+async def test_a_standby_follows_its_kube_schedulers_takeover_within_a_follow_poll(
+    kube: Kube, namespace: str, running: Running
+) -> None:
+    """hami's Lease is free, only kube-scheduler's stands in the way: once this pod's
+    kube-scheduler takes its Lease, the standby leads at its next FOLLOW_POLL read, not a
+    whole retry_period (a minute here) later."""
+    name, ks = unique("lease"), unique("ks")
+    path = LEASES.format(namespace=namespace)
+    await kube.create(path, {"metadata": {"name": ks}, "spec": {"holderIdentity": "pod-a_1"}})
+    slow = settings(
+        name,
+        lease_duration="120s",
+        renew_deadline="90s",
+        retry_period="60s",
+        follow_kube_scheduler=f"{namespace}/{ks}",
+    )
+    b = LeaderElector(kube, slow, namespace, "pod-b")
+    running.start(b)
+    await poll(lambda: b.awaiting_kube_scheduler, 10, "b waits for its kube-scheduler")
+    current = await kube.request("GET", f"{path}/{ks}")
+    current["spec"]["holderIdentity"] = "pod-b_2"  # pod-b's kube-scheduler took over
+    await kube.request("PUT", f"{path}/{ks}", body=current)
+    await poll(lambda: b.leading, 20, "b leads right after its kube-scheduler")
+    assert b.steps == 2  # the second step, at once: no retry_period slept out
+    assert (await lease(kube, namespace, name))["spec"]["holderIdentity"] == "pod-b"
+
+
 async def _text(url: str) -> tuple[int, str]:
     async with aiohttp.ClientSession() as session, session.get(url) as resp:
         return resp.status, await resp.text()

@@ -8,15 +8,20 @@ from pathlib import Path
 
 import pytest
 
+from hami.config import LeaderElectionConfig
 from hami.scheduler import podinfo
+from hami.scheduler.leader import FOLLOW_POLL
 from hami.scheduler.lease import (
     LeaseRecord,
+    Sighting,
     Step,
+    client_go_takeover_bound,
     decide,
     follows,
     lease_body,
     micro_time,
     parse_lease,
+    takeover_bound,
 )
 
 NOW = dt.datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=dt.UTC)
@@ -97,3 +102,58 @@ def test_namespace_and_identity_come_from_config_then_the_pod(tmp_path: Path) ->
     assert podinfo.identity("me", {"POD_NAME": "pod"}) == "me"
     assert podinfo.identity("", {"POD_NAME": "pod"}) == "pod"
     assert podinfo.identity("", {}) == socket.gethostname()
+
+
+def _takeover(lease: float, retry: float, standby_phase: float, died: float) -> tuple[float, float]:
+    """A fake-clock run of the standby's reads (Sighting and decide, as LeaderElector.step
+    uses them): the leader renews every ``retry`` from t=0 and dies ``died`` seconds into
+    its life; the standby reads every ``retry`` from ``standby_phase``. Returns the time of
+    the leader's last renewal and the time the standby takes the Lease."""
+    renewals = [k * retry for k in range(int(died / retry) + 1)]
+    seen = Sighting()
+    for k in range(1000):
+        t = standby_phase + k * retry  # not a running sum: no rounding drift
+        done = [r for r in renewals if r <= t]
+        current = LeaseRecord("a", lease, "t0", f"r{len(done)}", 0, str(len(done)))
+        if decide(current, "b", seen.see(current, t), lease) is Step.TAKE:
+            return renewals[-1], t
+    raise AssertionError("the standby never took over")
+
+
+@pytest.mark.parametrize(("lease", "retry"), [(8, 1), (15, 2), (10, 3)])
+def test_a_standby_takes_over_no_later_than_the_bound_and_never_early(
+    lease: float, retry: float
+) -> None:
+    worst, earliest = 0.0, float("inf")
+    for i in range(32):  # the standby's phase across one period (exact binary fractions)
+        for died in (30.0 + retry / 64, 30.0 + retry * 63 / 64):
+            last, took = _takeover(lease, retry, i * retry / 32, died)
+            worst = max(worst, took - last)
+            earliest = min(earliest, took - last)
+    print(f"lease {lease}s retry {retry}s: takeover {earliest:.2f}-{worst:.2f}s after the")
+    print(f"  last renewal; bound {takeover_bound(lease, retry):.2f}s")
+    assert worst <= takeover_bound(lease, retry)
+    assert worst > takeover_bound(lease, retry) - retry / 20  # the bound is tight
+    assert earliest >= lease  # never while the leader may still act (renew_deadline < lease)
+    if lease % retry == 0:
+        assert takeover_bound(lease, retry) == lease + retry
+
+
+def test_the_default_timing_takes_over_within_15_seconds() -> None:
+    """Issue 12: a standby pod takes over within 15 s of the leader pod's death. The pod
+    leads once both kube-scheduler (client-go, jittered retries) and hami (which then
+    notices within FOLLOW_POLL) hold their Leases; the chart gives both the same timing."""
+    cfg = LeaderElectionConfig()
+    lease, renew, retry = (
+        cfg.lease_duration.seconds,
+        cfg.renew_deadline.seconds,
+        cfg.retry_period.seconds,
+    )
+    hami = takeover_bound(lease, retry)
+    kube_scheduler = client_go_takeover_bound(lease, retry) + FOLLOW_POLL
+    print(
+        f"worst case after the last renewal: hami {hami:.2f}s, kube-scheduler {kube_scheduler:.2f}s"
+    )
+    assert max(hami, kube_scheduler) <= 15 - 2  # 2 s for API latency and a loaded machine
+    assert lease - renew >= 3  # room for clock drift and a slow write between the two
+    assert renew > 1.2 * retry  # client-go's own rule for kube-scheduler's copy

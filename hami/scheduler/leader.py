@@ -15,7 +15,9 @@ takes it on its next try.
 kube-scheduler in the same pod: with ``follow_kube_scheduler`` set (``namespace/name`` of
 kube-scheduler's Lease) a replica only leads while its own kube-scheduler holds that Lease
 (the holder is ``<pod name>_<uuid>``), and releases hami's Lease when its kube-scheduler
-loses, so the extender kube-scheduler calls is the leading one (docs/operations.md).
+loses, so the extender kube-scheduler calls is the leading one (docs/operations.md). While
+hami's Lease is free for it and only its kube-scheduler does not lead yet, a standby reads
+kube-scheduler's Lease every ``FOLLOW_POLL`` and takes over right after it.
 
 RBAC the scheduler role needs (the Helm chart renders it): ``leases``
 (coordination.k8s.io) get, create, update in its namespace; with
@@ -38,11 +40,22 @@ from hami.config import LeaderElectionConfig
 from hami.kube.client import Kube
 from hami.kube.raw import Conflict, KubeError, NotFound
 from hami.scheduler import podinfo
-from hami.scheduler.lease import LeaseRecord, Step, decide, follows, lease_body, parse_lease
+from hami.scheduler.lease import (
+    LeaseRecord,
+    Sighting,
+    Step,
+    decide,
+    follows,
+    lease_body,
+    parse_lease,
+)
 
 _log = log.get(__name__)
 LEADER_HELP = "1 while this scheduler replica leads (stamps handshakes, binds), 0 on standby"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+# how often a standby reads kube-scheduler's Lease while only that stands between it and
+# hami's free Lease: it takes over right after its kube-scheduler, not a retry_period later
+FOLLOW_POLL = 0.25
 
 
 def utcnow() -> dt.datetime:
@@ -74,10 +87,12 @@ class LeaderElector:
         self.changed = asyncio.Event()  # set on every change of leading
         self._leading = False
         self._renewed_at = float("-inf")
-        self._seen: tuple[tuple[str, str, str] | None, float] = (None, 0.0)
+        self._seen = Sighting()
         self._record: LeaseRecord | None = None
         self.holder = ""  # the holder last read
         self.steps = 0
+        # hami's Lease is ours to take, but this pod's kube-scheduler does not lead yet
+        self.awaiting_kube_scheduler = False
         self.gauge: Gauge | None = None
         if registry is not None:
             self.gauge = Gauge(
@@ -102,7 +117,22 @@ class LeaderElector:
         )
         while True:
             await self.step()
-            await self.sleep(self.settings.retry_period.seconds)
+            await self._pause()
+
+    async def _pause(self) -> None:
+        """``retry_period``; cut short when awaiting this pod's kube-scheduler and it leads."""
+        retry = self.settings.retry_period.seconds
+        if not self.awaiting_kube_scheduler:
+            await self.sleep(retry)
+            return
+        deadline = self.monotonic() + retry
+        while (left := deadline - self.monotonic()) > 0:
+            await self.sleep(min(FOLLOW_POLL, left))
+            try:
+                if await self._eligible():
+                    return
+            except KubeError:
+                continue  # the next step reports it
 
     async def step(self) -> None:
         """One read, decision and (maybe) write."""
@@ -114,18 +144,15 @@ class LeaderElector:
             _log.warning("cannot read the leader lease", lease=self.name, error=str(exc))
             self._set(self.leading)
             return
-        now = self.monotonic()
-        key = record.seen_key if record is not None else None
-        if key != self._seen[0]:
-            self._seen = (key, now)
+        seen_for = self._seen.see(record, self.monotonic())
         self._record = record
         self.holder = record.holder if record is not None else ""
-        step = decide(
-            record,
-            self.identity,
-            now - self._seen[1],
-            self.settings.lease_duration.seconds,
-            eligible=eligible,
+        duration = self.settings.lease_duration.seconds
+        step = decide(record, self.identity, seen_for, duration, eligible=eligible)
+        self.awaiting_kube_scheduler = (
+            step is Step.WAIT
+            and not eligible
+            and decide(record, self.identity, seen_for, duration) in (Step.CREATE, Step.TAKE)
         )
         if step is Step.WAIT:
             self._set(False)
@@ -202,7 +229,7 @@ class LeaderElector:
         else:
             written = await self.kube.request("PUT", self.path, body=body)
         self._record = parse_lease(written)
-        self._seen = (self._record.seen_key, self.monotonic())
+        self._seen.see(self._record, self.monotonic())
 
     def _set(self, leading: bool) -> None:
         if leading != self._leading:

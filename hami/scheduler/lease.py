@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,40 @@ class LeaseRecord:
     def seen_key(self) -> tuple[str, str, str]:
         """Changes whenever the holder renews or the lease changes hands."""
         return (self.holder, self.renew_time, self.resource_version)
+
+
+class Sighting:
+    """When this replica first saw the Lease as it is now (holder, renewTime, version), on
+    its own monotonic clock: a standby's expiry runs from there."""
+
+    def __init__(self) -> None:
+        self.key: tuple[str, str, str] | None = None
+        self.since = 0.0
+
+    def see(self, record: LeaseRecord | None, now: float) -> float:
+        """Note the record read at ``now``; the seconds it has looked unchanged."""
+        key = record.seen_key if record is not None else None
+        if key != self.key:
+            self.key, self.since = key, now
+        return now - self.since
+
+
+def takeover_bound(lease_duration: float, retry_period: float) -> float:
+    """The latest a standby that reads every ``retry_period`` takes the Lease after the
+    leader's last renewal: it sees that renewal up to one period later, then waits
+    ``lease_duration`` rounded up to whole periods (so ``lease_duration + retry_period``
+    when the one divides the other). API latency comes on top."""
+    return retry_period + math.ceil(lease_duration / retry_period - 1e-9) * retry_period
+
+
+# client-go (kube-scheduler) waits retryPeriod * (1 + up to 1.2) between a standby's tries
+CLIENT_GO_JITTER = 1.2
+
+
+def client_go_takeover_bound(lease_duration: float, retry_period: float) -> float:
+    """The same for kube-scheduler's Lease: its standby sees the last renewal up to one
+    jittered period later and takes over up to one jittered period after it expired."""
+    return lease_duration + 2 * (1 + CLIENT_GO_JITTER) * retry_period
 
 
 def parse_lease(obj: Mapping[str, Any]) -> LeaseRecord:

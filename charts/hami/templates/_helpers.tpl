@@ -139,6 +139,9 @@ imagePullSecrets:
     "leader_election" (dict
       "enabled" $v.scheduler.leaderElect
       "lease_name" (include "hami.scheduler" .)
+      "lease_duration" $v.scheduler.leaderElection.leaseDuration
+      "renew_deadline" $v.scheduler.leaderElection.renewDeadline
+      "retry_period" $v.scheduler.leaderElection.retryPeriod
       "follow_kube_scheduler" (printf "%s/%s" (include "hami.namespace" .) (include "hami.kubeSchedulerLease" .))))
   "backends" (dict
     "nvidia" (dict
