@@ -3,8 +3,16 @@
     cp = ControlPlane()          # finds the binaries, makes a temp dir under /tmp
     cp.start()                   # etcd + kube-apiserver, waits for /readyz, writes a kubeconfig
     sched = cp.start_scheduler({"profiles": [{"schedulerName": "default-scheduler"}]})
+    cm = cp.start_controller_manager()   # optional: only the DRA resourceclaim controller
     ...
     cp.stop()                    # stops the scheduler(s), kube-apiserver and etcd
+
+Dynamic Resource Allocation needs nothing extra on 1.36: resource.k8s.io/v1 is served by
+default and DynamicResourceAllocation (GA), DRAConsumableCapacity, DRAPartitionableDevices
+and DRAExtendedResource (beta) are on by default in kube-apiserver, kube-scheduler and
+kube-controller-manager. What DRA does need is kube-controller-manager's resourceclaim
+controller (ResourceClaimTemplate -> ResourceClaim, claims of finished pods deallocated);
+it is off by default here so the other tests start as fast as before.
 
 Everything here is synchronous (subprocess.Popen and blocking HTTP polls) so it can run in
 a pytest session fixture; from asyncio code call it through `asyncio.to_thread`. Children
@@ -50,6 +58,10 @@ ENV_DIR = "HAMI_CONTROLPLANE_DIR"
 ENV_ETCD = "HAMI_ETCD"
 ENV_APISERVER = "HAMI_KUBE_APISERVER"
 ENV_SCHEDULER = "HAMI_KUBE_SCHEDULER"
+ENV_CONTROLLER_MANAGER = "HAMI_KUBE_CONTROLLER_MANAGER"
+
+#: kube-controller-manager's name for the DRA claim controller (cmd/kube-controller-manager/names)
+RESOURCE_CLAIM_CONTROLLER = "resourceclaim-controller"
 
 FIX_HINT = (
     "run `make controlplane` (tests/controlplane/build.sh) to build them into the cache, "
@@ -76,6 +88,8 @@ class Binaries:
     etcd: Path
     kube_apiserver: Path
     kube_scheduler: Path
+    #: optional: only the DRA tests start it (None when it was not built)
+    kube_controller_manager: Path | None = None
 
 
 def find_binaries(env: Mapping[str, str] | None = None) -> Binaries:
@@ -103,7 +117,17 @@ def find_binaries(env: Mapping[str, str] | None = None) -> Binaries:
         raise ControlPlaneError(
             f"control plane binaries not found: {', '.join(missing)}; to fix: {FIX_HINT}"
         )
-    return Binaries(found["etcd"], found["kube-apiserver"], found["kube-scheduler"])
+    kcm = (
+        Path(env[ENV_CONTROLLER_MANAGER])
+        if env.get(ENV_CONTROLLER_MANAGER)
+        else base / "kube-controller-manager"
+    )
+    return Binaries(
+        found["etcd"],
+        found["kube-apiserver"],
+        found["kube-scheduler"],
+        kcm if kcm.is_file() and os.access(kcm, os.X_OK) else None,
+    )
 
 
 # --------------------------------------------------------------------------- certificates
@@ -431,6 +455,66 @@ def complete_scheduler_config(config: Mapping[str, Any] | str, kubeconfig: Path)
     return data
 
 
+# --------------------------------------------------------------------------- controller manager
+
+
+class ControllerManagerProcess:
+    """kube-controller-manager running only the named controllers (no leader election)."""
+
+    def __init__(self, plane: ControlPlane, controllers: Sequence[str], name: str) -> None:
+        binary = plane.binaries.kube_controller_manager
+        if binary is None:
+            raise ControlPlaneError(
+                "kube-controller-manager not found (the DRA tests run its resourceclaim "
+                f"controller); to fix: {FIX_HINT}, or set {ENV_CONTROLLER_MANAGER}"
+            )
+        self._plane = plane
+        self.name = name
+        self.controllers = list(controllers)
+        self.port = free_port()
+        kubeconfig = str(plane.kubeconfig)
+        argv = [
+            str(binary),
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            f"--controllers={','.join(self.controllers)}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={self.port}",
+            f"--cert-dir={plane.workdir / (name + '-certs')}",
+            # the admin credentials: no per-controller service accounts to create first
+            "--use-service-account-credentials=false",
+            "--v=2",
+        ]
+        self.process = ManagedProcess(name, argv, plane.workdir / f"{name}.log")
+
+    @property
+    def log_path(self) -> Path:
+        return self.process.log_path
+
+    def start(self, timeout: float = 60.0) -> None:
+        self.process.start()
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        ctx.load_cert_chain(self._plane.admin_cert_path, self._plane.admin_key_path)
+        try:
+            _wait_ready(self.process, f"https://127.0.0.1:{self.port}/healthz", ctx, timeout)
+        except BaseException:
+            self.process.stop()
+            raise
+
+    def stop(self) -> None:
+        self.process.stop()
+
+    def running(self) -> bool:
+        return self.process.running()
+
+    def log_tail(self, lines: int = 40) -> str:
+        return self.process.log_tail(lines)
+
+
 # --------------------------------------------------------------------------- control plane
 
 
@@ -467,6 +551,7 @@ class ControlPlane:
         self.etcd: ManagedProcess | None = None
         self.apiserver: ManagedProcess | None = None
         self.schedulers: list[SchedulerProcess] = []
+        self.controller_managers: list[ControllerManagerProcess] = []
 
     # -- lifecycle
 
@@ -487,6 +572,9 @@ class ControlPlane:
         for sched in self.schedulers:
             sched.stop()
         self.schedulers.clear()
+        for cm in self.controller_managers:
+            cm.stop()
+        self.controller_managers.clear()
         for proc in (self.apiserver, self.etcd):
             if proc is not None:
                 proc.stop()
@@ -517,6 +605,21 @@ class ControlPlane:
         if wait:
             sched.wait_ready(timeout)
         return sched
+
+    def start_controller_manager(
+        self,
+        controllers: Sequence[str] = (RESOURCE_CLAIM_CONTROLLER,),
+        name: str | None = None,
+        timeout: float = 60.0,
+    ) -> ControllerManagerProcess:
+        """Start kube-controller-manager with only `controllers` (by default the DRA
+        resourceclaim controller) and wait for /healthz. Stopped with the control plane."""
+        cm = ControllerManagerProcess(
+            self, controllers, name or f"kube-controller-manager-{len(self.controller_managers)}"
+        )
+        self.controller_managers.append(cm)
+        cm.start(timeout)
+        return cm
 
     # -- pieces
 

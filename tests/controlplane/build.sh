@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver and kube-scheduler (from go.mod's pinned Kubernetes), etcd and helm
+# Builds kube-apiserver, kube-scheduler and kube-controller-manager (from go.mod's pinned
+# Kubernetes; the DRA tests run its resourceclaim controller), etcd and helm
 # (helm/go.mod pins it; the chart tests use it) into the cache directory; a no-op when
 # everything is already there.
 #   HAMI_CONTROLPLANE_DIR  cache directory (default ~/.cache/hami/controlplane/<version>)
@@ -50,7 +51,7 @@ build_helm() {
     -o "$out/helm" helm.sh/helm/v4/cmd/helm)
 }
 need=()
-for bin in kube-apiserver kube-scheduler; do
+for bin in kube-apiserver kube-scheduler kube-controller-manager; do
   # rebuild when missing or built for another version
   "$out/$bin" --version 2>/dev/null | grep -qx "Kubernetes $version" || need+=("k8s.io/kubernetes/cmd/$bin")
 done
