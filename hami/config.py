@@ -58,12 +58,22 @@ class MonitorConfig:
 
 
 @dataclass(frozen=True)
+class DRANodeConfig:
+    """Paths of the kubelet DRA plugin, for backends with ``mode: dra`` (docs/dra.md)."""
+
+    plugins_dir: str = "/var/lib/kubelet/plugins"  # {plugins_dir}/{driver}/dra.sock
+    registry_dir: str = "/var/lib/kubelet/plugins_registry"  # kubelet's plugin watcher
+    cdi_dir: str = "/var/run/cdi"  # one CDI spec per prepared claim
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     name: str = ""  # env NODE_NAME overrides
     register_period: Duration = Duration(30)
     device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
     http: HttpConfig = HttpConfig(port=9394)
     monitor: MonitorConfig = MonitorConfig()
+    dra: DRANodeConfig = DRANodeConfig()
 
 
 @dataclass(frozen=True)
@@ -155,6 +165,9 @@ class BackendConfig:
     memory_scaling: float = 1.0
     core_scaling: float = 1.0
     register_format: str = "seed"  # seed (7-field form) or json (for Go HAMi >= 2.8 schedulers)
+    # extender: node annotations + device plugin (protocol.md); dra: ResourceSlices + the
+    # kubelet DRA plugin, kube-scheduler allocates (docs/dra.md)
+    mode: str = "extender"
     resources: dict[str, Any] = field(default_factory=dict)  # overrides of resource names
     options: dict[str, Any] = field(default_factory=dict)  # every other key of the section
 
@@ -225,6 +238,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "scheduler.node_policy": ("binpack", "spread"),
 }
 WEBHOOK_TLS_MODES = ("self", "files", "cert-manager")
+BACKEND_MODES = ("extender", "dra")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
@@ -345,6 +359,11 @@ def _check(config: Config) -> None:
         for key in ("memory_scaling", "core_scaling"):
             if getattr(backend, key) <= 0:
                 raise ConfigError(f"config key backends.{name}.{key}: expected a number > 0")
+        if backend.mode not in BACKEND_MODES:
+            raise ConfigError(
+                f"config key backends.{name}.mode: expected one of {', '.join(BACKEND_MODES)}, "
+                f"got {backend.mode!r}"
+            )
         if backend.register_format not in ("seed", "json"):
             raise ConfigError(
                 f"config key backends.{name}.register_format: expected seed or json, "

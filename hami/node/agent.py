@@ -15,7 +15,8 @@ Tasks, all under one ``asyncio.TaskGroup`` (each named, each failure logged at o
   reads instead of the API server (``hami.node.podcache``; not with an in-memory client);
 - per backend with devices: ``register[{name}]`` (the Node annotations),
   ``device-plugin[{name}]`` (gRPC server + kubelet registration watcher) and
-  ``health[{name}]`` (the backend's health events).
+  ``health[{name}]`` (the backend's health events); with ``mode: dra`` instead
+  ``dra-slices[{name}]`` (the ResourceSlice) and ``dra-plugin[{name}]`` (``hami.dra``).
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ class NodeAgent:
         self.states: dict[str, DeviceState] = {}
         self.registrars: dict[str, Registrar] = {}
         self.plugins: dict[str, PluginServer] = {}
+        self.dra: dict[str, Any] = {}  # mode dra: name -> (DRAPluginServer, SlicePublisher)
         self.allocator: Allocator | None = None
         self.monitor: usage.UsageMonitor | None = None
         self.watch_pods = watch_pods
@@ -308,6 +310,12 @@ class NodeAgent:
         state.set_enumerated(devices)
         self.states[name] = state
         assert self.allocator is not None
+        section = self.cfg.backends.get(name)
+        if section is not None and section.mode == "dra":
+            await self._run_dra(tg, name, state, kube)
+            blog.info("backend_started", type=backend.type_word, devices=len(devices), mode="dra")
+            self._started(name)
+            return
         registrar = Registrar(
             state,
             kube,
@@ -343,6 +351,55 @@ class NodeAgent:
             name=f"health[{name}]",
         )
         self._started(name)
+
+    async def _run_dra(
+        self, tg: asyncio.TaskGroup, name: str, state: DeviceState, kube: NodeKube
+    ) -> None:
+        """``mode: dra``: the ResourceSlice publisher and the kubelet DRA plugin instead of
+        the node annotations and the device plugin (docs/dra.md "Node side")."""
+        from hami.dra.checkpoint import Checkpoint
+        from hami.dra.names import driver_name
+        from hami.dra.plugin import DRAPluginServer, DRAService
+        from hami.dra.publisher import SlicePublisher
+        from hami.node.allocate import check_entry
+
+        if not hasattr(kube, "request"):
+            raise BackendError(f"{name}: mode dra needs a Kubernetes API client")
+        api: Any = kube
+        paths = self.cfg.node.dra
+        driver = driver_name(state.backend.type_word)
+        checkpoint = Checkpoint(f"{paths.plugins_dir}/{driver}/checkpoint.json")
+        checkpoint.load()
+        service = DRAService(
+            node=self.node,
+            backend=state.backend,
+            devices=lambda: state.devices,
+            kube=api,
+            check=check_entry,
+            cdi_dir=paths.cdi_dir,
+            checkpoint=checkpoint,
+        )
+        server = DRAPluginServer(
+            service,
+            plugins_dir=paths.plugins_dir,
+            registry_dir=paths.registry_dir,
+            poll=self.kubelet_poll,
+        )
+        publisher = SlicePublisher(
+            api, self.node, state.backend, state, period=self.period, min_backoff=self.min_backoff
+        )
+        self.dra[name] = (server, publisher)
+        tg.create_task(
+            self._logged(f"dra-plugin[{name}]", server.run()), name=f"dra-plugin[{name}]"
+        )
+        await server.serving.wait()
+        tg.create_task(
+            self._logged(f"dra-slices[{name}]", publisher.run()), name=f"dra-slices[{name}]"
+        )
+        tg.create_task(
+            self._logged(f"health[{name}]", self._watch_health(state, self.log.bind(backend=name))),
+            name=f"health[{name}]",
+        )
 
     async def _watch_health(self, state: DeviceState, blog: Any) -> None:
         try:
