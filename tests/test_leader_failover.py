@@ -1,9 +1,10 @@
 """Two scheduler "pods" (a ``hami run --role scheduler`` process with leader election and
 the kube-scheduler that uses it as its extender, with kube-scheduler's own leader
 election) on the real control plane; the leading pair is killed with SIGKILL in the middle
-of a burst of pods. The standby takes over within a bounded time, exactly one replica
-writes at a time, no device is booked beyond its capacity, and every pod that fits ends
-Running on the kubelet emulators."""
+of a burst of pods. The standby takes over within 15 s (issue 12; both leases on the
+default timing, the takeover times printed), exactly one replica writes at a time, no
+device is booked beyond its capacity, and every pod that fits ends Running on the kubelet
+emulators."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import pytest
 import yaml
 from _sched_helpers import unique
 
+from hami.config import LeaderElectionConfig
 from hami.kube.client import Kube
 from hami.kube.raw import NotFound
 from hami.scheduler.leader import LEASES
@@ -51,7 +53,15 @@ POD_MEMORY = 3000  # two per device: 8 pods fit on the 4 devices
 BURST = 10  # so 2 stay Pending
 FIRST = 4  # created before the leader dies; 8 - 4 are left for the new leader at least
 TIMING = Timing(handshake_timeout=3.0, bind_lock_wait=10.0)
-TAKEOVER_BOUND = 40.0  # lease_duration 15 s + retries; generous for a loaded machine
+ELECTION = LeaderElectionConfig()  # the defaults, which the chart gives both leases
+# The goal is 15 s from the death to the new pair leading (worst case 12.65 s by the
+# formulas in hami.scheduler.lease, as measured on an idle machine); the allowance is for
+# the 2 shared cores of the test machine, where each Lease read and write can take a second.
+TAKEOVER_GOAL, LOADED_ALLOWANCE = 15.0, 5.0
+
+
+def _go_duration(seconds: float) -> str:
+    return f"{seconds:g}s"
 
 
 class Replica:
@@ -87,7 +97,7 @@ class Replica:
                     "lease_name": lease,
                     "namespace": cluster.namespace,
                     "identity": self.identity,
-                },  # default periods: 15 s lease, 10 s renew deadline, 2 s retry
+                },  # default timing: 8 s lease, 5 s renew deadline, 1 s retry
             },
             "backends": {"nvidia": {"enabled": False}, "fake": {"enabled": True}},
         }
@@ -113,9 +123,9 @@ class Replica:
             "leaderElect": True,
             "resourceName": lease,
             "resourceNamespace": namespace,
-            "leaseDuration": "15s",
-            "renewDeadline": "10s",
-            "retryPeriod": "2s",
+            "leaseDuration": _go_duration(ELECTION.lease_duration.seconds),
+            "renewDeadline": _go_duration(ELECTION.renew_deadline.seconds),
+            "retryPeriod": _go_duration(ELECTION.retry_period.seconds),
         }
         sched = plane.start_scheduler(cfg, f"ks-{self.identity}-{lease}", wait=False)
         self.kube_scheduler = sched
@@ -174,12 +184,21 @@ async def _holder(kube: Kube, namespace: str, name: str) -> str:
     return str((lease.get("spec") or {}).get("holderIdentity") or "")
 
 
-async def _record_holders(kube: Kube, namespace: str, name: str, seen: list[str]) -> None:
+async def _record_holders(
+    kube: Kube, namespace: str, name: str, seen: list[tuple[float, str]]
+) -> None:
+    """Every change of the Lease's holder, with the loop time it was first read."""
+    loop = asyncio.get_running_loop()
     while True:
         holder = await _holder(kube, namespace, name)
-        if not seen or seen[-1] != holder:
-            seen.append(holder)
-        await asyncio.sleep(0.2)
+        if not seen or seen[-1][1] != holder:
+            seen.append((loop.time(), holder))
+        await asyncio.sleep(0.1)
+
+
+def _taken_after(seen: list[tuple[float, str]], since: float) -> float:
+    """Seconds from ``since`` to the first holder change read after it."""
+    return next(t for t, holder in seen if t > since and holder) - since
 
 
 def _bookings(pods: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
@@ -208,8 +227,12 @@ async def test_the_standby_takes_over_when_the_leading_pod_is_killed_mid_burst(
 
     hami_lease, ks_lease = unique("hami-lease"), unique("ks-lease")
     a, b = Replica("pod-a", tmp_path), Replica("pod-b", tmp_path)
-    holders: list[str] = []
-    recorder = asyncio.create_task(_record_holders(kube, cluster.namespace, hami_lease, holders))
+    holders: list[tuple[float, str]] = []
+    ks_holders: list[tuple[float, str]] = []
+    recorders = [
+        asyncio.create_task(_record_holders(kube, cluster.namespace, hami_lease, holders)),
+        asyncio.create_task(_record_holders(kube, cluster.namespace, ks_lease, ks_holders)),
+    ]
     try:
         # pod a first, so that both of its containers lead; then pod b
         await a.start_hami(controlplane, cluster, hami_lease)
@@ -246,9 +269,19 @@ async def test_the_standby_takes_over_when_the_leading_pod_is_killed_mid_burst(
         for name in names[FIRST:]:
             await cluster.create_pod(gpu_pod(name, [limits(1, mem=POD_MEMORY)]))
         await poll(lambda: _is_value(b.metric("hami_leader"), 1), 60, "pod-b's hami leads")
-        takeover = loop.time() - killed
-        assert takeover <= TAKEOVER_BOUND, f"takeover took {takeover:.1f}s"
+        bound = 'hami_bind_total{outcome="success",reason="bound"}'
+        await poll(lambda: _above(b.metric(bound), 0), 60, "pod-b binds", interval=0.05)
+        first_bind = loop.time() - killed
         assert await b.readyz() == "ok"
+        # both Leases moved to pod-b's pair: the pod leads once both have
+        hami_took = _taken_after(holders, killed)
+        ks_took = _taken_after(ks_holders, killed)
+        takeover = max(hami_took, ks_took)
+        print(
+            f"takeover after SIGKILL: hami Lease {hami_took:.1f}s, kube-scheduler Lease "
+            f"{ks_took:.1f}s, pod-b's first bind {first_bind:.1f}s"
+        )
+        assert takeover <= TAKEOVER_GOAL + LOADED_ALLOWANCE, f"takeover took {takeover:.1f}s"
 
         async def placeable_running() -> bool:
             pods = await cluster.list_pods()
@@ -268,14 +301,14 @@ async def test_the_standby_takes_over_when_the_leading_pod_is_killed_mid_burst(
             "pod-b stamps handshakes",
         )
     finally:
-        recorder.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await recorder
+        for recorder in recorders:
+            recorder.cancel()
+        await asyncio.gather(*recorders, return_exceptions=True)
         for replica in (a, b):
             await replica.stop(controlplane)
         await cluster.delete_pods(wait=False)
     # the Lease went from a to b once, never back and forth
-    assert [h for h in holders if h] == ["pod-a", "pod-b"]
+    assert [h for _, h in holders if h] == ["pod-a", "pod-b"]
 
 
 async def _is(text: Any, want: str) -> bool:
