@@ -753,8 +753,9 @@ class Cluster:
         key: Hashable,
     ) -> dict[str, str] | None:
         """The answer to the same question asked before, brought up to date by looking
-        again only at the nodes changed since and those answered in detail; None when
-        there is none, or one of them fits now (then the question is decided afresh)."""
+        again only at the nodes changed since (and, under a quota, those answered in
+        detail); None when there is none, or one of them fits now (then the question is
+        decided afresh)."""
         answer = self.no_fit.get(key)
         if answer is None:
             return None
@@ -765,7 +766,11 @@ class Cluster:
             return None  # every node is a candidate (new ones too), or too much changed
         old = answer.failed
         again = [name for name in changed if name in old]
-        again.extend(name for name in answer.detailed if name not in changed)
+        if namespace is not None and any(
+            r.limit is not None for r in self.quotas.status(namespace)
+        ):
+            # a detailed reason can also be the namespace's quota, which any pod changes
+            again.extend(name for name in answer.detailed if name not in changed)
         needs = _needs(request)
         summaries = len(old) > nofit.DETAIL_NODES
         update: dict[str, str] = {}

@@ -25,8 +25,9 @@ Answers are kept for identical questions: the key is the request's shape, the
 namespace's quota limits and the candidate names (a few entries at most). The cluster's
 generation is bumped on every change of a node or of a pod's hold, and each bump names
 its node: an answer is reused as is while the generation stays the same, and after
-changes only the changed nodes (and those answered in detail) are looked at again. When
-one of them now fits, the question is decided afresh.
+changes only the changed nodes are looked at again (and, when the namespace has a quota,
+the nodes answered in detail: their reason can be the quota, which any of its pods
+changes). When one of them now fits, the question is decided afresh.
 """
 
 from __future__ import annotations
@@ -158,8 +159,7 @@ class NoFitCache:
     """The latest no-fit answers, and a log of which node each generation changed.
 
     An answer of an older generation is brought up to date by rechecking only the nodes
-    changed since (the log says which) and the nodes answered in detail (their reason can
-    also depend on the namespace's quota use); see ``Cluster.decide``.
+    changed since (the log says which); see ``Cluster.decide``.
     """
 
     def __init__(self, entries: int = CACHE_ENTRIES, changes: int = CHANGE_LOG) -> None:
