@@ -119,7 +119,9 @@ def test_helm_lint_is_clean(values: tuple[str, ...]) -> None:
 @pytest.mark.parametrize(
     ("setting", "words"),
     [
-        ("scheduler.leaderElection=true", ["/scheduler", "leaderElection"]),
+        ("scheduler.leaderElekt=true", ["/scheduler", "leaderElekt"]),
+        ("scheduler.leaderElection.leaseDuration=8", ["leaseDuration"]),  # no unit
+        ("scheduler.leaderElection.retryPeriod=1.5s", ["retryPeriod"]),  # whole seconds
         ("devicePlugin.deviceSplitCont=4", ["/devicePlugin", "deviceSplitCont"]),
         ("resouceName=nvidia.com/gpu", ["resouceName"]),
         ("devicePlugin.deviceSplitCount=ten", ["/devicePlugin/deviceSplitCount", "integer"]),
