@@ -24,7 +24,13 @@ For one node name it
   records the answers in `admissions`, and sets the pod `Running`; when anything fails the
   pod becomes `Failed` with reason `UnexpectedAdmissionError`, like kubelet;
 - finishes the deletion of its pods (kubelet's final delete with grace period 0) and
-  releases their devices.
+  releases their devices;
+- with ``dra_registry_dir`` set, speaks DRA as kubelet 1.36 does (hami.testkit.kubelet_dra):
+  discovers DRA drivers in that directory, calls ``NodePrepareResources`` for a bound pod's
+  allocated claims before it runs the pod (recording in ``PodAdmission.cdi_env`` the
+  environment the CDI specs under ``cdi_dirs`` give each container), leaves the pod Pending
+  with a ``FailedPrepareDynamicResources`` Event and tries again when that fails, and calls
+  ``NodeUnprepareResources`` when the pod goes.
 
 Extended resources with no registered plugin are ignored, as kubelet ignores resources
 the node does not have (they may belong to a scheduler extender). Pods already past
@@ -41,7 +47,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +63,7 @@ from hami.kube.objects import metadata_of
 from hami.kube.raw import JSON, Conflict, KubeError, NotFound
 from hami.kube.reflector import Reflector
 from hami.protocol.nodelock import rfc3339
+from hami.testkit.kubelet_dra import FAILED_PREPARE, DRAClient, PrepareError
 
 log = logging.getLogger("hami.testkit.kubelet")
 
@@ -129,6 +136,10 @@ class PodAdmission:
     message: str | None = None
     #: the pod object is gone from the API server (its devices are free again)
     deleted: bool = False
+    #: container name -> the environment its DRA claims' CDI devices give (DRA only)
+    cdi_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: NodePrepareResources tries that failed (the pod stays Pending meanwhile)
+    prepare_failures: int = 0
 
     def for_container(self, name: str) -> list[ContainerAllocation]:
         return [c for c in self.containers if c.container == name]
@@ -139,6 +150,8 @@ class PodAdmission:
         out: dict[str, dict[str, str]] = {}
         for c in self.containers:
             out.setdefault(c.container, {}).update(dict(c.response.envs))
+        for name, env in self.cdi_env.items():
+            out.setdefault(name, {}).update(env)
         return out
 
 
@@ -176,6 +189,9 @@ class KubeletEmulator:
         rpc_timeout: float | None = None,
         status_retry: tuple[float, float] = (0.2, 5.0),
         plugin_poll: float = 0.1,
+        dra_registry_dir: str | Path | None = None,
+        cdi_dirs: Sequence[str | Path] = (),
+        prepare_retry: tuple[float, float] = (0.5, 5.0),
     ) -> None:
         self.node_name = node_name
         self.kubeconfig = Path(kubeconfig)
@@ -216,6 +232,15 @@ class KubeletEmulator:
         self._status_lock = asyncio.Lock()
         self._deleting: set[str] = set()
         self._ready_since: str | None = None
+        #: the DRA side (None: this kubelet knows device plugins only)
+        self.dra: DRAClient | None = (
+            DRAClient(node_name, Path(dra_registry_dir), [Path(d) for d in cdi_dirs])
+            if dra_registry_dir is not None
+            else None
+        )
+        #: first and largest pause before NodePrepareResources is tried again
+        self.prepare_retry = prepare_retry
+        self._retries: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -237,6 +262,9 @@ class KubeletEmulator:
         except BaseException:
             await self.stop()
             raise
+        if self.dra is not None:
+            self.dra.registry_dir.mkdir(parents=True, exist_ok=True)
+            await self.dra.scan()
         self._tasks = [
             asyncio.create_task(self._heartbeat(), name=f"kubelet[{self.node_name}].heartbeat"),
             asyncio.create_task(self._pods().run(), name=f"kubelet[{self.node_name}].pods"),
@@ -245,11 +273,16 @@ class KubeletEmulator:
                 self._watch_sockets(), name=f"kubelet[{self.node_name}].plugin-sockets"
             ),
         ]
+        if self.dra is not None:
+            self._tasks.append(
+                asyncio.create_task(self._watch_dra(), name=f"kubelet[{self.node_name}].dra")
+            )
 
     async def stop(self) -> None:
         """Stop serving and watching; the Node object stays."""
-        tasks = self._tasks + list(self._plugin_tasks.values())
+        tasks = self._tasks + list(self._plugin_tasks.values()) + list(self._retries)
         self._tasks = []
+        self._retries.clear()
         self._plugin_tasks.clear()
         for task in tasks:
             task.cancel()
@@ -556,6 +589,113 @@ class KubeletEmulator:
                 log.warning("%s: %s: %s", self.node_name, resource, plugin.error)
                 await self._plugin_gone(plugin)
 
+    # ------------------------------------------------------------------ DRA
+
+    async def _watch_dra(self) -> None:
+        """kubelet's plugin watcher, by polling the registration directory."""
+        assert self.dra is not None
+        while True:
+            await asyncio.sleep(self.plugin_poll)
+            try:
+                if await self.dra.scan():
+                    await self._notify()
+            except Exception:
+                log.exception("%s: DRA plugin scan failed", self.node_name)
+
+    async def wait_for_dra_driver(
+        self,
+        driver: str,
+        timeout: float = 30.0,  # noqa: ASYNC109
+    ) -> None:
+        """Wait until the DRA driver `driver` has registered."""
+        assert self.dra is not None, "this kubelet emulator was started without DRA"
+        dra = self.dra
+        try:
+            await self.wait_for(lambda: driver in dra.plugins, timeout)
+        except TimeoutError:
+            raise TimeoutError(
+                f"{self.node_name}: DRA driver {driver} not registered after {timeout}s "
+                f"(registered: {sorted(dra.plugins)}; registry {dra.registry_dir})"
+            ) from None
+
+    @staticmethod
+    def _uses_dra(pod: Mapping[str, Any]) -> bool:
+        return bool(
+            (pod.get("spec") or {}).get("resourceClaims")
+            or ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get(
+                "resourceClaimName"
+            )
+        )
+
+    async def _prepare_failed(self, adm: PodAdmission, pod: dict[str, Any], error: str) -> None:
+        """As kubelet: a Warning Event, the pod left Pending, another try after a pause."""
+        adm.prepare_failures += 1
+        adm.reason = FAILED_PREPARE
+        adm.message = f"Failed to prepare dynamic resources: {error}"
+        log.warning("%s: %s/%s: %s", self.node_name, adm.namespace, adm.name, adm.message)
+        with contextlib.suppress(Exception):
+            await self._event(pod, FAILED_PREPARE, adm.message)
+        await self._notify()
+        first, largest = self.prepare_retry
+        delay = min(first * 2 ** (adm.prepare_failures - 1), largest)
+        task = asyncio.create_task(self._retry_admit(adm, delay))
+        self._retries.add(task)
+        task.add_done_callback(self._retries.discard)
+
+    async def _retry_admit(self, adm: PodAdmission, delay: float) -> None:
+        await asyncio.sleep(delay)
+        if adm.deleted or self._by_uid.get(adm.uid) is not adm:
+            return
+        try:
+            pod = await self.kube.get_pod(adm.namespace, adm.name)
+        except NotFound:
+            return
+        except Exception as exc:
+            log.warning("%s: pod %s/%s not read: %r", self.node_name, adm.namespace, adm.name, exc)
+            pod = None
+        if pod is None or pod["metadata"].get("uid") != adm.uid:
+            if pod is None:  # try again later
+                await self._prepare_failed(adm, {"metadata": {}}, "pod not readable")
+            return
+        del self._by_uid[adm.uid]  # admitted afresh from the current object
+        self._queue.put_nowait(("MODIFIED", pod))
+
+    async def _event(self, pod: Mapping[str, Any], reason: str, message: str) -> None:
+        meta = pod.get("metadata") or {}
+        if not meta.get("uid"):
+            return
+        now = _now()
+        await self.kube.create(
+            f"/api/v1/namespaces/{meta['namespace']}/events",
+            {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+                "involvedObject": {
+                    "kind": "Pod",
+                    "apiVersion": "v1",
+                    "namespace": meta["namespace"],
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                },
+                "reason": reason,
+                "message": message,
+                "type": "Warning",
+                "source": {"component": "kubelet", "host": self.node_name},
+                "firstTimestamp": now,
+                "lastTimestamp": now,
+                "count": 1,
+            },
+        )
+
+    async def _release_dra(self, uid: str) -> None:
+        if self.dra is None:
+            return
+        try:
+            await self.dra.release(uid)
+        except Exception:
+            log.exception("%s: unprepare for pod %s failed", self.node_name, uid)
+
     # ------------------------------------------------------------------ pods
 
     def _pods(self) -> Reflector:
@@ -607,6 +747,7 @@ class KubeletEmulator:
         uid = meta["uid"]
         if kind == "DELETED":
             self._release(uid)
+            await self._release_dra(uid)
             adm = self._by_uid.pop(uid, None)
             self._deleting.discard(uid)
             if adm is not None:
@@ -615,6 +756,7 @@ class KubeletEmulator:
             return
         if meta.get("deletionTimestamp"):
             self._release(uid)
+            await self._release_dra(uid)
             if uid not in self._deleting:
                 self._deleting.add(uid)
                 await self._finish_delete(meta)
@@ -622,6 +764,7 @@ class KubeletEmulator:
         phase = pod.get("status", {}).get("phase", "Pending")
         if phase in ("Succeeded", "Failed"):
             self._release(uid)
+            await self._release_dra(uid)
             return
         if uid in self._by_uid or phase != "Pending":
             return
@@ -659,9 +802,12 @@ class KubeletEmulator:
 
     async def _admit(self, pod: dict[str, Any]) -> None:
         meta, spec = pod["metadata"], pod.get("spec", {})
-        adm = PodAdmission(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+        key = (meta["namespace"], meta["name"])
+        adm = self.admissions.get(key)
+        if adm is None or adm.uid != meta["uid"] or adm.phase != "Pending":
+            adm = PodAdmission(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
         self._by_uid[adm.uid] = adm
-        self.admissions[(adm.namespace, adm.name)] = adm
+        self.admissions[key] = adm
         containers = [(True, c) for c in spec.get("initContainers") or []]
         containers += [(False, c) for c in spec.get("containers") or []]
         reusable: dict[str, list[str]] = {}  # devices of finished init containers
@@ -670,6 +816,17 @@ class KubeletEmulator:
                 "%s: losing the admission of %s/%s", self.node_name, adm.namespace, adm.name
             )
             return
+        if self.dra is not None and self._uses_dra(pod):
+            # kubelet prepares DRA claims before any container is created
+            try:
+                envs = await self.dra.prepare(self.kube, pod)
+            except PrepareError as exc:
+                await self._prepare_failed(adm, pod, str(exc))
+                return
+            adm.cdi_env = {
+                name: dict(e.split("=", 1) for e in entries if "=" in e)
+                for name, entries in envs.items()
+            }
         try:
             for init, container in containers:
                 for resource, count in self._device_requests(container, self.plugins):
