@@ -67,6 +67,7 @@ class SlicePublisher:
         self.extended_resource_name = extended_resource_name
         self.name = names.slice_name(node, backend.type_word)
         self.path = f"{SLICES_PATH}/{self.name}"
+        self.syncs = 0  # comparisons with the API server's slice
         self.writes = 0  # slices created or replaced (tests read it: no flapping)
         self.published = asyncio.Event()  # set once the slice matches the devices
         self.log = _log.bind(role="node", node=node, driver=names.driver_name(backend.type_word))
@@ -90,6 +91,7 @@ class SlicePublisher:
             if _status(exc) != 404:
                 raise
             existing = None
+        self.syncs += 1
         body = slices.next_slice(self.node, self.backend, devices, existing)
         if body is None:
             return False
@@ -141,4 +143,3 @@ class SlicePublisher:
         except Exception as exc:
             if _status(exc) != 404:
                 self.log.warning("dra_slice_delete_failed", slice=self.name, error=str(exc))
-
