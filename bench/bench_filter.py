@@ -13,7 +13,8 @@ Figures:
 - ``decision``: ``Cluster.decide`` plus the in-memory reservation (what a filter call
   computes); the reservation is rolled back after each call so the cluster stays steady;
 - ``filter``: ``Scheduler.filter`` on the decoded ExtenderArgs (request parsing, decision,
-  reservation, annotation values, answer), with the pod patch stubbed out;
+  reservation, annotation values, answer); filter makes no API call (the decision is
+  written at bind), and a client that fails every call proves it;
 - ``json``: decoding the HTTP body with N node names and encoding the answer;
 - ``no fit``: a pod no node can take, so every node gets its full reason;
 - ``rss``: the process's resident memory after building the largest cluster.
@@ -205,10 +206,10 @@ async def run(nodes: int, calls: int, policy: str, seed: int) -> dict[str, Any]:
     decision_samples = timed(decision, calls)
 
     class NoApi:
-        """Decisions are written nowhere: the filter's own cost is measured."""
+        """Filter must not touch the API server: any call fails the benchmark."""
 
-        async def patch_pod_annotations(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-            return {}
+        def __getattr__(self, name: str) -> Any:
+            raise AssertionError(f"filter called the API ({name})")
 
     scheduler.kube = NoApi()  # type: ignore[assignment]
     filter_samples: list[float] = []
