@@ -15,9 +15,10 @@ Parts (``--only`` picks some):
   extender placing pods that ask one 1000 MiB GPU slice, with the node policy in the pod's
   annotation. A stand-in node agent in this process does what the real one does after
   the last Allocate (``bind-phase: success``, node lock released). A third kind of round
-  adds 100 pods no node can take (``--stuck``), which kube-scheduler keeps retrying while
-  it places the others: *alone+stuck* (pods asking 1000 cpus) and *hami+stuck* (pods
-  asking more GPU memory than a device has). Rounds interleave the kinds and the policies.
+  (first round only) adds 100 pods no node can take (``--stuck``), which kube-scheduler
+  keeps retrying while it places the others: *alone+stuck* (pods asking 1000 cpus) and
+  *hami+stuck* (pods asking more GPU memory than a device has). Rounds interleave the
+  kinds and the policies.
   Figures: pods bound/s ((pods - 1) / first to last bind), hami/alone ratio, failed
   binds (``hami_bind_total``), scheduler CPU per placed pod (the hami process's user +
   system time over the round / pods).
@@ -55,7 +56,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -205,7 +206,7 @@ def kube_scheduler_config(hami: bool, policy: str, extender_port: int) -> dict[s
 class HamiProcess:
     """``hami run --role scheduler`` as its own process (its CPU time is read from /proc)."""
 
-    def __init__(self, plane: ControlPlane, workdir: Path) -> None:
+    def __init__(self, plane: ControlPlane, workdir: Path, profile: str = "") -> None:
         self.extender_port = free_port()
         self.http_port = free_port()
         cfg = {
@@ -223,9 +224,12 @@ class HamiProcess:
         path = workdir / "hami.yaml"
         path.write_text(json.dumps(cfg))
         self.log = (workdir / "hami.log").open("w")
+        # --profile-hami: the process runs under cProfile, written when it exits
+        profiler = ["-m", "cProfile", "-o", profile] if profile else []
         self.proc = subprocess.Popen(
             [
                 sys.executable,
+                *profiler,
                 "-m",
                 "hami",
                 "run",
@@ -422,7 +426,7 @@ async def throughput_round(
 
 async def throughput(args: argparse.Namespace, plane: ControlPlane, workdir: Path) -> None:
     say(f"\n== throughput: kube-scheduler alone vs + hami ({load()})")
-    hami = HamiProcess(plane, workdir)
+    hami = HamiProcess(plane, workdir, args.profile_hami)
     try:
         await asyncio.to_thread(hami.wait_ready)
         async with open_client(plane.kubeconfig) as kube:
@@ -438,9 +442,10 @@ async def throughput(args: argparse.Namespace, plane: ControlPlane, workdir: Pat
                 say(f"{count} nodes created in {time.monotonic() - began:.1f}s; {args.pods} pods")
                 await asyncio.sleep(2.0)  # the hami scheduler's watch takes them in
                 results: dict[tuple[str, str], list[dict[str, Any]]] = {}
-                modes = ["alone", "hami"] + (["alone+stuck", "hami+stuck"] if args.stuck else [])
                 for rnd in range(args.rounds):
-                    order = [(p, m) for p in args.policies for m in modes]
+                    # the rounds with stuck pods once: they take longest
+                    stuck = ["alone+stuck", "hami+stuck"] if args.stuck and rnd == 0 else []
+                    order = [(p, m) for p in args.policies for m in ["alone", "hami", *stuck]]
                     if rnd % 2:
                         order.reverse()
                     for policy, mode in order:
@@ -797,6 +802,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--filter-nodes", type=int, nargs="*", default=None, help="default 1000 5000 15000"
     )
     parser.add_argument("--calls", type=int, default=None, help="filter calls per figure")
+    parser.add_argument(
+        "--profile-hami", default="", metavar="FILE", help="cProfile the hami scheduler process"
+    )
     parser.add_argument("--client", choices=["burst", "scrape"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--bodies", default="", help=argparse.SUPPRESS)
@@ -822,13 +830,21 @@ async def main_async(args: argparse.Namespace) -> None:
             await asyncio.to_thread(plane.start)
             try:
                 if "throughput" in args.only:
-                    await throughput(args, plane, Path(tmp))
+                    await part("throughput", throughput(args, plane, Path(tmp)))
                 if "one-node" in args.only:
-                    await one_node(args, plane)
+                    await part("one-node", one_node(args, plane))
             finally:
                 await asyncio.to_thread(plane.stop)
     if "filter" in args.only:
-        await asyncio.to_thread(filter_http, args)
+        await part("filter", asyncio.to_thread(filter_http, args))
+
+
+async def part(name: str, work: Awaitable[None]) -> None:
+    """One part of the benchmark; one that breaks is reported and the others still run."""
+    try:
+        await work
+    except Exception as exc:
+        say(f"\n!! {name} did not complete: {exc!r}")
 
 
 def main() -> None:
