@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog.testing
 from grpclib.client import Channel
 
 from hami._proto.dra.v1 import api_grpc as dra_grpc
@@ -258,3 +259,27 @@ async def test_errors_are_per_claim(plugin: Plugin, kube: Kube, namespace: str) 
     assert "404" in answer.claims["no-such-uid"].error
     specs = sorted(p.name for p in (plugin.root / "cdi").iterdir())
     assert specs == [f"nvidia.hami.io-{good['metadata']['uid']}.json"]
+
+
+async def test_concurrent_prepares_of_one_claim_agree(
+    plugin: Plugin, kube: Kube, namespace: str
+) -> None:
+    """kubelet may retry while the first call is still reading the claim: one allocation
+    (one HAMi-core cache path), one spec, the same answer for both."""
+    claim = await make_claim(
+        kube, namespace, "twice", [result("nvidia-0", "2Gi", "20", SHARE.format(5))]
+    )
+    uid = claim["metadata"]["uid"]
+    server = plugin.server
+    assert server is not None
+    with structlog.testing.capture_logs() as logs:
+        first, second = await asyncio.gather(prepare(server, claim), prepare(server, claim))
+    assert [e["uid"] for e in logs if e["event"] == "dra_claim_prepared"] == [uid]
+    assert first.claims[uid].error == ""
+    assert first.claims[uid] == second.claims[uid]
+    spec = json.loads((plugin.root / "cdi" / f"nvidia.hami.io-{uid}.json").read_text())
+    checkpoint = json.loads(
+        (plugin.root / "plugins" / "nvidia.hami.io" / "checkpoint.json").read_text()
+    )
+    assert checkpoint["claims"][uid]["spec"] == spec
+    assert cdi.spec_env(spec)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2048m"

@@ -83,24 +83,31 @@ class DRAService(dra_grpc.DRAPluginBase):
         self.cdi_dir = cdi_dir
         self.checkpoint = checkpoint
         self.log = _log.bind(role="node", node=node, driver=self.driver)
-        self._lock = asyncio.Lock()  # one claim at a time: the checkpoint file is shared
+        self._lock = asyncio.Lock()  # checkpoint and spec changes one claim at a time
+
+    async def _prepared(self, uid: str) -> list[JSON] | None:
+        """A claim prepared before (kubelet asks again after its own restart or a lost
+        answer): the same answer, its spec rewritten if someone removed it. Under the lock."""
+        done = self.checkpoint.claims.get(uid)
+        if done is None:
+            return None
+        spec_path = Path(self.cdi_dir) / names.cdi_spec_file(self.driver, uid)
+        if not await asyncio.to_thread(spec_path.exists):
+            await asyncio.to_thread(cdi.write_spec, self.cdi_dir, self.driver, uid, done["spec"])
+        return list(done["devices"])
 
     async def prepare(self, namespace: str, name: str, uid: str) -> list[JSON]:
         """The devices of one claim (prepared now or before). Raises on failure."""
         async with self._lock:
-            done = self.checkpoint.claims.get(uid)
+            done = await self._prepared(uid)
+        if done is not None:
+            return done
+        # the read outside the lock: a burst of pods prepares its claims concurrently
+        claim = await self.kube.request("GET", CLAIMS_PATH.format(namespace=namespace, name=name))
+        async with self._lock:
+            done = await self._prepared(uid)  # a concurrent call for the same claim won
             if done is not None:
-                # kubelet asks again after its own restart or a lost answer: same answer;
-                # the spec is rewritten if someone removed it
-                spec_path = Path(self.cdi_dir) / names.cdi_spec_file(self.driver, uid)
-                if not spec_path.exists():
-                    await asyncio.to_thread(
-                        cdi.write_spec, self.cdi_dir, self.driver, uid, done["spec"]
-                    )
-                return list(done["devices"])
-            claim = await self.kube.request(
-                "GET", CLAIMS_PATH.format(namespace=namespace, name=name)
-            )
+                return done
             node_devices = self.devices()
             allocation = claim_allocation(
                 claim,
@@ -113,15 +120,13 @@ class DRAService(dra_grpc.DRAPluginBase):
             prepared = prepare_claim(allocation, self.backend, node_devices)
             await asyncio.to_thread(_make_dirs, list(prepared.allocation.host_dirs))
             await asyncio.to_thread(cdi.write_spec, self.cdi_dir, self.driver, uid, prepared.spec)
-            self.checkpoint.put(
-                uid,
-                {
-                    "namespace": namespace,
-                    "name": name,
-                    "devices": prepared.devices,
-                    "spec": prepared.spec,
-                },
-            )
+            entry = {
+                "namespace": namespace,
+                "name": name,
+                "devices": prepared.devices,
+                "spec": prepared.spec,
+            }
+            await asyncio.to_thread(self.checkpoint.put, uid, entry)
             self.log.info(
                 "dra_claim_prepared",
                 claim=f"{namespace}/{name}",
@@ -135,7 +140,7 @@ class DRAService(dra_grpc.DRAPluginBase):
     async def unprepare(self, uid: str) -> None:
         async with self._lock:
             await asyncio.to_thread(cdi.remove_spec, self.cdi_dir, self.driver, uid)
-            self.checkpoint.drop(uid)
+            await asyncio.to_thread(self.checkpoint.drop, uid)
             self.log.info("dra_claim_unprepared", uid=uid)
 
     async def NodePrepareResources(
