@@ -47,7 +47,8 @@ demo: install controlplane
 	$(BIN)/hami demo
 
 # Every benchmark with its defaults, one after the other (figures: docs/performance.md).
-# About 20 minutes in all on a shared 2-core VM; each script's --help shows its options.
+# About 12 minutes in all on a shared 2-core VM (bench_e2e ~9, the others 20-40 s each);
+# each script's --help shows its options; bench_e2e.py --quick is a 2-minute version.
 bench: install controlplane
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
