@@ -20,6 +20,13 @@ same API server may hold never take them.
 
 Periods are injectable (``Timing``): the tests run the handshake with a 3 s timeout and
 kube-scheduler with a 1 s pod back-off.
+
+``LocalCluster(mode="dra")`` is the DRA variant (docs/dra.md): no hami scheduler role and no
+extender; kube-scheduler's profile ``hami-scheduler`` is the default plugin set, which
+allocates ResourceClaims against the ResourceSlices the node agents publish (backend
+``fake`` in ``mode: dra``), kube-controller-manager runs the resourceclaim controller, and
+each kubelet emulator discovers the node's DRA plugin and prepares claims through it (its
+own registration, plugin and CDI directories under the node's directory).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import inspect
 import shutil
 import tempfile
@@ -46,7 +54,12 @@ from hami.kube.raw import KubeError, NotFound
 from hami.node.agent import NodeAgent
 from hami.protocol import ContainerDevice, decode_pod_devices
 from hami.scheduler.role import SchedulerRole
-from hami.testkit.controlplane import ControlPlane, SchedulerProcess, free_port
+from hami.testkit.controlplane import (
+    ControllerManagerProcess,
+    ControlPlane,
+    SchedulerProcess,
+    free_port,
+)
 from hami.testkit.kubelet import KubeletEmulator, PodAdmission
 
 _log = log.get(__name__)
@@ -55,6 +68,9 @@ CLUSTER_LABEL = "hami.io/local-cluster"
 SCHEDULER_NAME = "hami-scheduler"
 ALLOCATED = "hami.io/vgpu-devices-allocated"
 TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
+MODES = ("extender", "dra")
+#: the DRA driver (and DeviceClass) of the fake backend: it calls itself nvidia
+DRA_DRIVER = "nvidia.hami.io"
 
 Progress = Callable[[str], None]
 
@@ -187,6 +203,16 @@ class SimNode:
         self.kubelet: KubeletEmulator | None = None
         self.agent: NodeAgent | None = None
         self._task: asyncio.Task[None] | None = None
+        self.cfg = cluster.cfg
+        if cluster.mode == "dra":
+            # each node its own kubelet directories (a real node has them at fixed paths)
+            dra = config.DRANodeConfig(
+                plugins_dir=str(self.dir / "dra"),
+                registry_dir=str(self.dir / "reg"),
+                cdi_dir=str(self.dir / "cdi"),
+            )
+            node_cfg = dataclasses.replace(self.cfg.node, dra=dra)
+            self.cfg = dataclasses.replace(self.cfg, node=node_cfg)
         self.backend = FakeBackend(
             BackendSettings(
                 split_count=spec.split_count,
@@ -207,12 +233,19 @@ class SimNode:
         return self._task is not None and not self._task.done()
 
     async def start_kubelet(self) -> KubeletEmulator:
+        dra: dict[str, Any] = {}
+        if self.cluster.mode == "dra":
+            dra = {
+                "dra_registry_dir": self.cfg.node.dra.registry_dir,
+                "cdi_dirs": [self.cfg.node.dra.cdi_dir],
+            }
         self.kubelet = KubeletEmulator(
             self.name,
             self.cluster.kubeconfig,
             self.dir / "plugins",
             labels={CLUSTER_LABEL: self.cluster.id},
             heartbeat_interval=self.cluster.timing.kubelet_heartbeat,
+            **dra,
         )
         await self.kubelet.start()
         return self.kubelet
@@ -224,7 +257,7 @@ class SimNode:
         assert self.kubelet is not None, "start the kubelet first"
         timing = self.cluster.timing
         self.agent = NodeAgent(
-            self.cluster.cfg,
+            self.cfg,
             node_name=self.name,
             kube=self.cluster.kube,
             backends={"fake": self.backend},
@@ -236,9 +269,22 @@ class SimNode:
         )
         self._task = asyncio.create_task(self.agent.run(), name=f"node-agent[{self.name}]")
         await self.agent.wait_ready()
+        if self.cluster.mode == "dra":
+            await self.kubelet.wait_for_dra_driver(DRA_DRIVER)
+            await self.wait_published()
+            return
         await self.kubelet.wait_for_resource(
             "nvidia.com/gpu", healthy=self.spec.device_count * self.spec.split_count
         )
+
+    async def wait_published(self, timeout: float = 30.0) -> None:  # noqa: ASYNC109
+        """DRA mode: until the agent's ResourceSlice matches its devices."""
+        agent = self.agent
+        assert agent is not None
+        await poll(lambda: "fake" in agent.dra, timeout, f"{self.name}: DRA mode started")
+        publisher = agent.dra["fake"][1]
+        async with asyncio.timeout(timeout):
+            await publisher.published.wait()
 
     async def stop_agent(self) -> None:
         agent, task = self.agent, self._task
@@ -275,7 +321,11 @@ class LocalCluster:
         namespace: str | None = None,
         webhook: bool = False,
         progress: Progress | None = None,
+        mode: str = "extender",
     ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
+        self.mode = mode
         self.id = uuid.uuid4().hex[:6]
         self.specs = list(nodes)
         self._given_plane = plane
@@ -291,6 +341,7 @@ class LocalCluster:
         self._kube: Kube | None = None
         self.role: SchedulerRole | None = None
         self.kube_scheduler: SchedulerProcess | None = None
+        self.controller_manager: ControllerManagerProcess | None = None
         self.nodes: dict[str, SimNode] = {
             spec.name: SimNode(self, spec, i) for i, spec in enumerate(self.specs)
         }
@@ -332,14 +383,24 @@ class LocalCluster:
             {
                 "scheduler": scheduler,
                 "node": {"register_period": f"{t.register_period}s"},
-                "backends": {"nvidia": {"enabled": False}, "fake": {"enabled": True}},
+                "backends": {
+                    "nvidia": {"enabled": False},
+                    "fake": {"enabled": True, "mode": self.mode},
+                },
             },
             env={},
         )
 
     def kube_scheduler_config(self) -> dict[str, Any]:
         """kube-scheduler with hami as its extender, as config/kube-scheduler.yaml has it
-        (plus a short pod back-off, so retried pods come back in about a second)."""
+        (plus a short pod back-off, so retried pods come back in about a second). In DRA
+        mode: the default plugins only (DynamicResources allocates the claims)."""
+        if self.mode == "dra":
+            return {
+                "podInitialBackoffSeconds": self.timing.pod_initial_backoff,
+                "podMaxBackoffSeconds": self.timing.pod_max_backoff,
+                "profiles": [{"schedulerName": SCHEDULER_NAME}],
+            }
         assert self.role is not None
         resources = [
             name for kind in self.role.scheduler.kinds for name in kind.managed_resources()
@@ -397,10 +458,17 @@ class LocalCluster:
         await self._ensure_namespace()
         if self.webhook:
             self._write_webhook_cert()
-        self.progress(f"starting the hami scheduler role on 127.0.0.1:{self.port} ...")
-        await self.start_role()
-        self.progress("starting kube-scheduler with hami as its extender ...")
         assert self.plane is not None
+        if self.mode == "dra":
+            self.progress("starting kube-controller-manager (resourceclaim controller) ...")
+            self.controller_manager = self.plane.start_controller_manager(
+                name=f"kube-controller-manager-{self.id}"
+            )
+            self.progress("starting kube-scheduler (default plugins: DRA allocates) ...")
+        else:
+            self.progress(f"starting the hami scheduler role on 127.0.0.1:{self.port} ...")
+            await self.start_role()
+            self.progress("starting kube-scheduler with hami as its extender ...")
         self.kube_scheduler = await asyncio.to_thread(
             self.plane.start_scheduler, self.kube_scheduler_config(), f"kube-scheduler-{self.id}"
         )
@@ -409,11 +477,12 @@ class LocalCluster:
         for node in self.nodes.values():
             self.progress(
                 f"starting node {node.name}: {_describe(node.spec)} "
-                f"(kubelet emulator + hami node agent)"
+                f"(kubelet emulator + hami node agent{', DRA' if self.mode == 'dra' else ''})"
             )
             await node.start_kubelet()
             await node.start_agent()
-        await self.wait_available(self.nodes, True)
+        if self.mode != "dra":
+            await self.wait_available(self.nodes, True)
         self.progress(f"cluster ready in {time.monotonic() - began:.1f}s")
 
     async def stop(self) -> None:
@@ -431,6 +500,12 @@ class LocalCluster:
                 with contextlib.suppress(ValueError):
                     self.plane.schedulers.remove(sched)
         await self.stop_role()
+        if self.controller_manager is not None:
+            kcm, self.controller_manager = self.controller_manager, None
+            await asyncio.to_thread(kcm.stop)
+            if self.plane is not None:
+                with contextlib.suppress(ValueError):
+                    self.plane.controller_managers.remove(kcm)
         if self._kube is not None:
             with contextlib.suppress(Exception):
                 await self._cleanup_objects()
