@@ -517,8 +517,11 @@ async def one_node(args: argparse.Namespace, plane: ControlPlane) -> None:
                 await asyncio.gather(
                     *(cluster.create_pod(gpu_pod(n, [limits(1, mem=1000)])) for n in names)
                 )
-                await cluster.wait_running(names, timeout=120)
+                pods = await cluster.wait_running(names, timeout=120)
                 took = time.monotonic() - began
+                phases = sorted({str((p.get("status") or {}).get("phase")) for p in pods.values()})
+                if phases != ["Running"]:
+                    say(f"  !! {tag}: pods ended {phases}, not all Running")
                 await cluster.delete_pods(wait=True)
                 return took
 
