@@ -84,6 +84,24 @@ async def test_agent_in_dra_mode_publishes_and_serves(kube: Kube) -> None:
         annotations = (await kube.get_node(node))["metadata"].get("annotations") or {}
         assert not any(key.startswith("hami.io/node-nvidia") for key in annotations)
         assert server.dra_socket.exists()
+        writes = agent.metrics.registry.get_sample_value(
+            "hami_dra_slice_writes_total", {"driver": "nvidia.hami.io"}
+        )
+        assert writes == 1
+        # a device the backend now reports unhealthy leaves the slice (re-enumeration)
+        backend.set_health(f"GPU-{node}-1", False)
+        for _ in range(400):  # bounded: 20 s; the agent re-enumerates every 0.5 s
+            if len((await kube.request("GET", path))["spec"]["devices"]) == 1:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the unhealthy device stayed in the slice")
+        assert (
+            agent.metrics.registry.get_sample_value(
+                "hami_dra_slice_writes_total", {"driver": "nvidia.hami.io"}
+            )
+            == 2
+        )
     finally:
         await agent.stop()
         with contextlib.suppress(asyncio.CancelledError):

@@ -219,6 +219,15 @@ async def test_prepare_writes_the_cdi_spec_idempotently_across_restarts(
 
     again = await prepare(server, claim)
     assert again.claims[uid] == one
+    registry = server.service.metrics.registry
+    labels = {"driver": "nvidia.hami.io"}
+    assert (
+        registry.get_sample_value("hami_dra_prepare_total", {**labels, "result": "prepared"}) == 1
+    )
+    assert (
+        registry.get_sample_value("hami_dra_prepare_total", {**labels, "result": "repeated"}) == 1
+    )
+    assert registry.get_sample_value("hami_dra_prepared_claims", labels) == 1
     assert json.loads(spec_path.read_text()) == spec  # same cache path: not re-allocated
 
     # an agent restart: the checkpoint answers even once the API server no longer has it
@@ -257,6 +266,10 @@ async def test_errors_are_per_claim(plugin: Plugin, kube: Kube, namespace: str) 
     assert "another node" in answer.claims[foreign["metadata"]["uid"]].error
     assert "outside 0..40960 MiB" in answer.claims[forged["metadata"]["uid"]].error
     assert "404" in answer.claims["no-such-uid"].error
+    errors = server.service.metrics.registry.get_sample_value(
+        "hami_dra_prepare_total", {"driver": "nvidia.hami.io", "result": "error"}
+    )
+    assert errors == 3
     specs = sorted(p.name for p in (plugin.root / "cdi").iterdir())
     assert specs == [f"nvidia.hami.io-{good['metadata']['uid']}.json"]
 

@@ -31,6 +31,7 @@ from hami.backends.base import Backend, Device
 from hami.dra import cdi, names
 from hami.dra.checkpoint import Checkpoint
 from hami.dra.claims import EntryCheck, claim_allocation
+from hami.dra.metrics import DRAMetrics
 from hami.dra.prepare import prepare_claim
 
 _log = log.get(__name__)
@@ -73,6 +74,7 @@ class DRAService(dra_grpc.DRAPluginBase):
         check: EntryCheck,
         cdi_dir: str,
         checkpoint: Checkpoint,
+        metrics: DRAMetrics | None = None,
     ) -> None:
         self.node = node
         self.backend = backend
@@ -82,6 +84,8 @@ class DRAService(dra_grpc.DRAPluginBase):
         self.check = check
         self.cdi_dir = cdi_dir
         self.checkpoint = checkpoint
+        self.metrics = metrics or DRAMetrics()
+        self.metrics.prepared_claims.labels(self.driver).set(len(checkpoint.claims))
         self.log = _log.bind(role="node", node=node, driver=self.driver)
         self._lock = asyncio.Lock()  # checkpoint and spec changes one claim at a time
 
@@ -127,6 +131,7 @@ class DRAService(dra_grpc.DRAPluginBase):
                 "spec": prepared.spec,
             }
             await asyncio.to_thread(self.checkpoint.put, uid, entry)
+            self.metrics.prepared_claims.labels(self.driver).set(len(self.checkpoint.claims))
             self.log.info(
                 "dra_claim_prepared",
                 claim=f"{namespace}/{name}",
@@ -141,6 +146,8 @@ class DRAService(dra_grpc.DRAPluginBase):
         async with self._lock:
             await asyncio.to_thread(cdi.remove_spec, self.cdi_dir, self.driver, uid)
             await asyncio.to_thread(self.checkpoint.drop, uid)
+            self.metrics.unprepares.labels(self.driver).inc()
+            self.metrics.prepared_claims.labels(self.driver).set(len(self.checkpoint.claims))
             self.log.info("dra_claim_unprepared", uid=uid)
 
     async def NodePrepareResources(
@@ -151,9 +158,11 @@ class DRAService(dra_grpc.DRAPluginBase):
         assert request is not None
         answers: dict[str, dra_pb2.NodePrepareResourceResponse] = {}
         for claim in request.claims:
+            repeated = claim.uid in self.checkpoint.claims
             try:
                 devices = await self.prepare(claim.namespace, claim.name, claim.uid)
             except Exception as exc:
+                self.metrics.prepares.labels(self.driver, "error").inc()
                 message = str(exc) or repr(exc)
                 self.log.warning(
                     "dra_prepare_failed",
@@ -163,6 +172,8 @@ class DRAService(dra_grpc.DRAPluginBase):
                 )
                 answers[claim.uid] = dra_pb2.NodePrepareResourceResponse(error=message)
             else:
+                result = "repeated" if repeated else "prepared"
+                self.metrics.prepares.labels(self.driver, result).inc()
                 answers[claim.uid] = dra_pb2.NodePrepareResourceResponse(
                     devices=[_device_message(d) for d in devices]
                 )

@@ -1,22 +1,24 @@
 """Keeps this node's ResourceSlice for one backend current on the API server.
 
 At start it makes sure the backend's DeviceClass exists, then writes the slice whenever the
-devices change (health events, re-enumeration) and at least every period (repairing a slice
-someone else edited or deleted). The slice is written only when its content differs from
-what the API server has, and each write bumps the pool generation. When the agent stops
-serving the node (its stop, as SIGTERM gives it) the slice is deleted, so kube-scheduler
-places no new claim on a node nobody prepares them for.
+devices change (health events; re-enumeration, every period) and at least every period
+(repairing a slice someone else edited or deleted). The slice is written only when its
+content differs from what the API server has, and each write bumps the pool generation.
+When the agent stops serving the node (its stop, as SIGTERM gives it) the slice is
+deleted, so kube-scheduler places no new claim on a node nobody prepares them for.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from hami import log
 from hami.backends.base import Backend, Device
 from hami.dra import names, slices
+from hami.dra.metrics import DRAMetrics
 
 _log = log.get(__name__)
 JSON = dict[str, Any]
@@ -57,6 +59,8 @@ class SlicePublisher:
         period: float = 30.0,
         min_backoff: float = 1.0,
         extended_resource_name: str | None = None,
+        metrics: DRAMetrics | None = None,
+        refresh: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.kube = kube
         self.node = node
@@ -65,6 +69,9 @@ class SlicePublisher:
         self.period = period
         self.min_backoff = min(min_backoff, period)
         self.extended_resource_name = extended_resource_name
+        self.metrics = metrics or DRAMetrics()
+        self.refresh = refresh  # re-enumerates the backend into ``state`` (the agent's)
+        self.driver = names.driver_name(backend.type_word)
         self.name = names.slice_name(node, backend.type_word)
         self.path = f"{SLICES_PATH}/{self.name}"
         self.syncs = 0  # comparisons with the API server's slice
@@ -100,6 +107,7 @@ class SlicePublisher:
         else:
             await self.kube.request("PUT", self.path, body=body)
         self.writes += 1
+        self.metrics.slice_writes.labels(self.driver).inc()
         self.log.info(
             "dra_slice_written",
             slice=self.name,
@@ -113,6 +121,8 @@ class SlicePublisher:
         backoff = self.min_backoff
         try:
             while True:
+                if self.refresh is not None:
+                    await self.refresh()
                 seen = self.state.version
                 try:
                     await self.sync_once(self.state.devices)
@@ -120,6 +130,7 @@ class SlicePublisher:
                     raise
                 except Exception as exc:
                     # a 409 (someone wrote between our read and write) retries at once
+                    self.metrics.slice_write_failures.labels(self.driver).inc()
                     delay = 0.0 if _status(exc) == 409 else backoff
                     backoff = min(backoff * 2, self.period)
                     self.log.warning("dra_slice_write_failed", error=str(exc), retry_in=delay)

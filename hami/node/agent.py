@@ -107,6 +107,7 @@ class NodeAgent:
         self.registrars: dict[str, Registrar] = {}
         self.plugins: dict[str, PluginServer] = {}
         self.dra: dict[str, Any] = {}  # mode dra: name -> (DRAPluginServer, SlicePublisher)
+        self._dra_metrics: Any = None
         self.allocator: Allocator | None = None
         self.monitor: usage.UsageMonitor | None = None
         self.watch_pods = watch_pods
@@ -358,6 +359,7 @@ class NodeAgent:
         """``mode: dra``: the ResourceSlice publisher and the kubelet DRA plugin instead of
         the node annotations and the device plugin (docs/dra.md "Node side")."""
         from hami.dra.checkpoint import Checkpoint
+        from hami.dra.metrics import DRAMetrics
         from hami.dra.names import driver_name
         from hami.dra.plugin import DRAPluginServer, DRAService
         from hami.dra.publisher import SlicePublisher
@@ -370,6 +372,8 @@ class NodeAgent:
         driver = driver_name(state.backend.type_word)
         checkpoint = Checkpoint(f"{paths.plugins_dir}/{driver}/checkpoint.json")
         checkpoint.load()
+        if self._dra_metrics is None:  # one set per registry, shared by the DRA backends
+            self._dra_metrics = DRAMetrics(self.metrics.registry)
         service = DRAService(
             node=self.node,
             backend=state.backend,
@@ -378,6 +382,7 @@ class NodeAgent:
             check=check_entry,
             cdi_dir=paths.cdi_dir,
             checkpoint=checkpoint,
+            metrics=self._dra_metrics,
         )
         server = DRAPluginServer(
             service,
@@ -386,7 +391,14 @@ class NodeAgent:
             poll=self.kubelet_poll,
         )
         publisher = SlicePublisher(
-            api, self.node, state.backend, state, period=self.period, min_backoff=self.min_backoff
+            api,
+            self.node,
+            state.backend,
+            state,
+            period=self.period,
+            min_backoff=self.min_backoff,
+            metrics=self._dra_metrics,
+            refresh=lambda: self._refresh(state),
         )
         self.dra[name] = (server, publisher)
         tg.create_task(
@@ -400,6 +412,13 @@ class NodeAgent:
             self._logged(f"health[{name}]", self._watch_health(state, self.log.bind(backend=name))),
             name=f"health[{name}]",
         )
+
+    async def _refresh(self, state: DeviceState) -> None:
+        """Re-enumerate as the registration loop does; on failure keep the last devices."""
+        try:
+            state.set_enumerated(await state.backend.enumerate())
+        except BackendError as exc:
+            self.log.warning("enumerate_failed", backend=state.name, error=str(exc))
 
     async def _watch_health(self, state: DeviceState, blog: Any) -> None:
         try:
