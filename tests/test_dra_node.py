@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hami.backends.base import BackendSettings, Device
@@ -112,6 +112,7 @@ def test_bad_allocations_are_refused_with_the_claim_named(
         allocate(body, uid)
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])  # no timing: 2 shared cores
 @given(
     memory=st.integers(min_value=-(10**6), max_value=10**7),
     cores=st.integers(min_value=-1000, max_value=1000),
