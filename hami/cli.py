@@ -72,6 +72,13 @@ def _add_demo_parser(sub: Any) -> None:
     )
     parser.add_argument("--keep", action="store_true", help="keep the cluster running until Ctrl-C")
     parser.add_argument(
+        "--mode",
+        default="extender",
+        choices=("extender", "dra"),
+        help="extender: hami as kube-scheduler's extender (default); dra: kube-scheduler "
+        "alone allocates through Dynamic Resource Allocation (docs/dra.md)",
+    )
+    parser.add_argument(
         "--no-build",
         action="store_true",
         help="do not build missing control plane binaries; just say how to get them",

@@ -6,6 +6,8 @@ role as kube-scheduler's extender, and three simulated GPU nodes (hami node agen
 ``fake`` backend + a kubelet emulator each). Then it submits a mix of GPU pods, waits for
 them, prints where each landed and why the one that cannot fit stays Pending, and shuts
 everything down (``--keep``: keeps it running until Ctrl-C and prints the kubeconfig).
+``--mode dra`` runs the same workloads through Dynamic Resource Allocation instead
+(hami.demo.dra): kube-scheduler alone places them, no extender.
 """
 
 from __future__ import annotations
@@ -178,8 +180,21 @@ async def run_demo(
     plane: ControlPlane | None = None,
     nodes: Sequence[NodeSpec] = DEMO_NODES,
     timeout: float = 60.0,  # noqa: ASYNC109
+    mode: str = "extender",
 ) -> int:
     say = Printer(out)
+    if mode == "dra":
+        from hami.demo.dra import run_dra_demo
+
+        return await run_dra_demo(
+            out,
+            say,
+            table,
+            plane=plane,
+            nodes=nodes,
+            timeout=timeout,
+            keep=_wait_for_signal if keep else None,
+        )
     work = samples()
     async with LocalCluster(nodes, plane=plane, timing=Timing(), progress=say) as cluster:
         say(f"submitting {len(work)} sample pods to namespace {cluster.namespace} ...")
@@ -282,7 +297,7 @@ def run(args: argparse.Namespace) -> int:
     if not ensure_binaries(out, build=not args.no_build):
         return 2
     try:
-        return asyncio.run(run_demo(out, keep=args.keep))
+        return asyncio.run(run_demo(out, keep=args.keep, mode=getattr(args, "mode", "extender")))
     except ControlPlaneError as exc:
         print(f"hami demo: the control plane did not start: {exc}", file=sys.stderr)
         return 1

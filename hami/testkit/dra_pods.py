@@ -6,7 +6,7 @@ against the DeviceClass a hami node agent in ``mode: dra`` publishes:
     claim_template("t3000", mem=3000)                  # one slice of 3000 MiB
     claim_template("half", mem=None, cores=30)         # default memory: the whole device
     claim_template("two", count=2, mem=8000)           # 2 different devices x 8000 MiB
-    claim_template("t4", mem=1000, model="NVIDIA-Tesla T4")   # CEL on the model attribute
+    claim_template("t4", mem=1000, model="T4")         # CEL: the model attribute contains T4
     dra_pod("p", ["t3000"])                            # container c0 uses the claim
 
 A percentage of a device's memory has no DRA form (capacity requests are amounts); for a
@@ -21,6 +21,12 @@ from typing import Any
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 DEFAULT_CLASS = "nvidia.hami.io"
+
+
+def model_expression(model: str, device_class: str = DEFAULT_CLASS) -> str:
+    """CEL: the device's model contains ``model`` (as ``nvidia.com/use-gputype`` matches);
+    the driver's attributes are qualified by its name."""
+    return f'device.attributes["{device_class}"].model.contains("{model}")'
 
 
 def _exact(
@@ -42,10 +48,7 @@ def _exact(
     if requests:
         body["capacity"] = {"requests": requests}
     if model is not None:
-        domain = device_class  # the driver's attributes are qualified by its name
-        body["selectors"] = [
-            {"cel": {"expression": f'device.attributes["{domain}"].model == "{model}"'}}
-        ]
+        body["selectors"] = [{"cel": {"expression": model_expression(model, device_class)}}]
     return body
 
 
@@ -123,8 +126,10 @@ def dra_pod(
     *,
     scheduler_name: str | None = "hami-scheduler",
     node_selector: Mapping[str, str] | None = None,
+    init: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """A pod whose container ``c{i}`` uses a claim made from ``templates[i]``."""
+    """A pod whose container ``c{i}`` uses a claim made from ``templates[i]`` (and init
+    container ``init{i}`` one from ``init[i]``)."""
     spec: dict[str, Any] = {
         "containers": [
             {
@@ -136,9 +141,19 @@ def dra_pod(
         ],
         "resourceClaims": [
             {"name": f"gpu{i}", "resourceClaimTemplateName": t} for i, t in enumerate(templates)
-        ],
+        ]
+        + [{"name": f"init{i}", "resourceClaimTemplateName": t} for i, t in enumerate(init)],
         "terminationGracePeriodSeconds": 0,
     }
+    if init:
+        spec["initContainers"] = [
+            {
+                "name": f"init{i}",
+                "image": "busybox",
+                "resources": {"claims": [{"name": f"init{i}"}]},
+            }
+            for i in range(len(init))
+        ]
     if scheduler_name:
         spec["schedulerName"] = scheduler_name
     if node_selector:
