@@ -22,7 +22,7 @@ import pytest
 import pytest_asyncio
 
 from hami.kube.raw import KubeError
-from hami.testkit.cluster import LocalCluster, NodeSpec, Timing, phase_of, poll
+from hami.testkit.cluster import LocalCluster, NodeSpec, Timing, gpu_pod, limits, phase_of, poll
 from hami.testkit.controlplane import ControlPlane
 from hami.testkit.dra_pods import claim_template, claims_path, dra_pod, templates_path
 from hami.testkit.kubelet_dra import claim_path
@@ -253,3 +253,22 @@ async def test_agent_restart_keeps_prepared_claims(dra: LocalCluster) -> None:
         10,
         "CDI spec and checkpoint entry removed",
     )
+
+
+async def test_plain_gpu_count_pod_works_unchanged(dra: LocalCluster) -> None:
+    # the DeviceClass maps nvidia.com/gpu (DRAExtendedResource): no claim in the pod spec
+    pod = gpu_pod("plain", [limits(1)])
+    await dra.create_pod(pod)
+    running = await dra.wait_pod("plain", timeout=60)
+    assert phase_of(running) == "Running", running.get("status")
+    status = running["status"]["extendedResourceClaimStatus"]
+    (mapping,) = status["requestMappings"]
+    assert mapping["containerName"] == "c0" and mapping["resourceName"] == "nvidia.com/gpu"
+    claim = await dra.kube.request("GET", claim_path(dra.namespace, status["resourceClaimName"]))
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    node = running["spec"]["nodeName"]
+    total, _ = CAPACITY[node]
+    assert result["consumedCapacity"]["memory"] in (f"{total}Mi", f"{total // 1024}Gi")
+    env = (await dra.admission(running)).envs["c0"]
+    assert env["NVIDIA_VISIBLE_DEVICES"] == uuid_of(dra, node, result["device"])
+    assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{total}m"  # a whole device, as HAMi gives
