@@ -25,6 +25,8 @@ Parts (``--only`` picks some):
 - ``one-node``: ``hami.testkit.LocalCluster`` with one node (node agent, fake backend,
   kubelet emulator): the time until one pod is Running, then until 10 one-slice pods
   created at once are all Running.
+- ``dra`` and ``dra-one-node``: the DRA mode (bench_dra.py): kube-scheduler alone vs
+  kube-scheduler allocating DRA claims on the same kind of nodes, and the one-node case.
 - ``filter``: an in-process scheduler holding a synthetic cluster (``bench_filter.build``:
   N nodes x 8 GPUs, about half the devices in use) served over HTTP by the role's aiohttp
   routes; a client thread posts ExtenderArgs with all N names: a placeable pod (the same
@@ -791,7 +793,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, one round")
     parser.add_argument(
-        "--only", nargs="*", choices=["throughput", "one-node", "filter"], default=None
+        "--only",
+        nargs="*",
+        choices=["throughput", "one-node", "filter", "dra", "dra-one-node"],
+        default=None,
     )
     parser.add_argument("--nodes", type=int, nargs="*", default=None, help="default 50 500")
     parser.add_argument("--pods", type=int, default=None, help="pods per round (default 300)")
@@ -801,6 +806,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--stuck", type=int, default=None, help="pods no node takes, beside hami's (default 100)"
     )
     parser.add_argument("--one-node-reps", type=int, default=None, help="default 2")
+    parser.add_argument(
+        "--sched-qps",
+        type=int,
+        default=0,
+        help="dra part: kube-scheduler's API client QPS (burst 2x) for both kinds of round "
+        "(default: kube-scheduler's own, 50/100)",
+    )
     parser.add_argument(
         "--filter-nodes", type=int, nargs="*", default=None, help="default 1000 5000 15000"
     )
@@ -820,14 +832,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.one_node_reps = args.one_node_reps or (1 if quick else 2)
     args.filter_nodes = args.filter_nodes or ([1000] if quick else [1000, 5000, 15000])
     args.calls = args.calls or (50 if quick else 200)
-    args.only = set(args.only or ["throughput", "one-node", "filter"])
+    args.only = set(args.only or ["throughput", "one-node", "filter", "dra", "dra-one-node"])
     return args
 
 
 async def main_async(args: argparse.Namespace) -> None:
     say(f"bench_e2e: {' '.join(sys.argv[1:]) or '(defaults)'}; {load()}")
     random.seed(1)
-    if args.only & {"throughput", "one-node"}:
+    if args.only & {"throughput", "one-node", "dra", "dra-one-node"}:
         with tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp:
             plane = ControlPlane()
             await asyncio.to_thread(plane.start)
@@ -836,6 +848,13 @@ async def main_async(args: argparse.Namespace) -> None:
                     await part("throughput", throughput(args, plane, Path(tmp)))
                 if "one-node" in args.only:
                     await part("one-node", one_node(args, plane))
+                # the DRA mode (bench_dra.py; docs/performance.md "DRA mode")
+                import bench_dra
+
+                if "dra" in args.only:
+                    await part("dra", bench_dra.dra_throughput(args, plane))
+                if "dra-one-node" in args.only:
+                    await part("dra-one-node", bench_dra.dra_one_node(args, plane))
             finally:
                 await asyncio.to_thread(plane.stop)
     if "filter" in args.only:
