@@ -12,7 +12,7 @@ help:
 	@echo "lint          ruff, mypy and the layer contracts (import-linter)"
 	@echo "test          lint, then the whole test suite (needs the control plane binaries)"
 	@echo "demo          a local cluster with simulated GPU nodes, sample pods and a placement table"
-	@echo "proto         regenerate the device plugin gRPC code from hami/_proto"
+	@echo "proto         regenerate the gRPC code from hami/_proto (device plugin, DRA, plugin registration)"
 	@echo "bench         run the benchmarks in bench/"
 	@echo "gpu-check     prove the NVIDIA backend on this machine's GPU (one line, exit 0 without one)"
 	@echo "interop       Go HAMi's scheduler with this project's node agents (needs HAMI_SRC; docs/interop.md)"

@@ -18,14 +18,16 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
-from _manifest_helpers import apply
+from _manifest_helpers import apply, object_path
+from test_admission_policy import As, allowed, denied
 
 from hami import config
 from hami.backends import registry
 from hami.kube.client import Kube
-from hami.kube.raw import Conflict, NotFound
+from hami.kube.raw import Conflict, KubeError, NotFound
 from hami.testkit.controlplane import ENV_DIR, KUBERNETES_VERSION, default_cache_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,6 +129,7 @@ def test_helm_lint_is_clean(values: tuple[str, ...]) -> None:
         ("devicePlugin.deviceSplitCount=ten", ["/devicePlugin/deviceSplitCount", "integer"]),
         ("scheduler.admissionWebhook.failurePolicy=Maybe", ["failurePolicy"]),
         ("scheduler.defaultSchedulerPolicy.gpuSchedulerPolicy=tightest", ["gpuSchedulerPolicy"]),
+        ("devicePlugin.mode=DRA", ["/devicePlugin/mode"]),
     ],
 )
 def test_schema_rejects_typos_and_bad_values(setting: str, words: list[str]) -> None:
@@ -365,6 +368,80 @@ def test_config_value_merges_over_the_rendered_config() -> None:
     assert hami_cfg.scheduler.scheduler_name == "hami-scheduler"  # the rest stays
 
 
+DRA = ("--set", "devicePlugin.mode=dra")
+DRA_RULES = {
+    "resourceslices": ["create", "delete", "get", "update"],
+    "deviceclasses": ["create"],
+    "resourceclaims": ["get"],
+}
+
+
+def _node_rules(docs: Docs, release: str = "hami") -> dict[str, list[str]]:
+    """resource.k8s.io rules of the node agent's ClusterRole: resource -> sorted verbs."""
+    role = by_key(docs)[("ClusterRole", f"{fullname(release)}-node")]
+    return {
+        resource: sorted(rule["verbs"])
+        for rule in role["rules"]
+        if "resource.k8s.io" in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+
+
+def test_dra_mode_renders_backends_rbac_mounts_and_no_extender() -> None:
+    docs = render(*DRA)
+    objs = by_key(docs)
+    hami_cfg, sched = configs(docs)
+    # every backend the chart configures (fake is a test backend, off)
+    assert {hami_cfg.backends[b].mode for b in ("nvidia", "mlu")} == {"dra"}
+    # the plugin paths are hami's defaults, so the mounts below are where the agent looks
+    assert hami_cfg.node.dra == config.DRANodeConfig()
+    # kube-scheduler allocates the claims itself: an extender would only refuse the nodes
+    assert "extenders" not in sched
+    assert sched["profiles"][0]["schedulerName"] == hami_cfg.scheduler.scheduler_name
+    assert _node_rules(docs) == DRA_RULES
+    node = pod_spec(docs, "DaemonSet", "hami-node")
+    host = {v["name"]: v["hostPath"]["path"] for v in node["volumes"] if "hostPath" in v}
+    mounts = {m["name"]: m["mountPath"] for m in container(node, "hami")["volumeMounts"]}
+    dra = hami_cfg.node.dra
+    for volume, path in (
+        ("dra-plugins", dra.plugins_dir),
+        ("dra-registry", dra.registry_dir),
+        ("cdi", dra.cdi_dir),
+    ):
+        assert host[volume] == mounts[volume] == path
+    policy = objs[("ValidatingAdmissionPolicy", "hami-node-slices")]
+    (condition,) = policy["spec"]["matchConditions"]
+    assert "system:serviceaccount:hami-system:hami-node" in condition["expression"]
+    assert objs[("ValidatingAdmissionPolicyBinding", "hami-node-slices")]["spec"] == {
+        "policyName": "hami-node-slices",
+        "validationActions": ["Deny"],
+    }
+    # the extender mode's node scope policy is still there (the agent annotates nothing
+    # in DRA mode, but pods of extender-mode releases may share the cluster)
+    assert ("ValidatingAdmissionPolicy", "hami-node-scope") in objs
+
+
+def test_dra_mode_paths_follow_the_config_value() -> None:
+    docs = render(*DRA, "--set", "config.node.dra.cdi_dir=/etc/cdi")
+    hami_cfg, _ = configs(docs)
+    assert hami_cfg.node.dra.cdi_dir == "/etc/cdi"
+    node = pod_spec(docs, "DaemonSet", "hami-node")
+    assert {"name": "cdi", "hostPath": {"path": "/etc/cdi", "type": "DirectoryOrCreate"}} in node[
+        "volumes"
+    ]
+
+
+def test_extender_mode_has_no_dra_rights_mounts_or_policy() -> None:
+    docs = render()
+    hami_cfg, sched = configs(docs)
+    assert {hami_cfg.backends[b].mode for b in ("nvidia", "mlu")} == {"extender"}
+    assert sched["extenders"]
+    assert _node_rules(docs) == {}
+    node = pod_spec(docs, "DaemonSet", "hami-node")
+    assert not {"dra-plugins", "dra-registry", "cdi"} & {v["name"] for v in node["volumes"]}
+    assert not [d for d in docs if d["metadata"]["name"] == "hami-node-slices"]
+
+
 # --------------------------------------------------------------------------- API server
 
 
@@ -442,8 +519,9 @@ async def _dry_run_all(kube: Kube, docs: Docs) -> None:
         DEFAULTS,
         HAMI_STYLE,
         ("hami", "hami-certs", ("--set", "scheduler.certManager.enabled=true")),
+        ("hami-dra", "hami-dra", DRA),
     ],
-    ids=["defaults", "hami-values", "cert-manager"],
+    ids=["defaults", "hami-values", "cert-manager", "dra"],
 )
 async def test_every_rendered_object_passes_server_side_dry_run(
     kube: Kube, release: str, namespace: str, args: tuple[str, ...]
@@ -460,3 +538,135 @@ async def test_every_rendered_object_passes_server_side_dry_run(
     for crd in CRDS:
         await _wait_established(kube, crd["metadata"]["name"])
     await _dry_run_all(kube, [d for d in docs if d["kind"] != "Namespace"])
+
+
+def _slice(name: str, node: str, driver: str = "nvidia.hami.io") -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [],
+        },
+    }
+
+
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+JSON_BODY = "application/json"
+
+
+async def test_dra_node_agent_rbac_and_policy_let_it_write_only_its_nodes_slices(
+    controlplane: Any, kube: Kube, namespace: str
+) -> None:
+    """The DRA rendering's RBAC and hami-node-slices, applied for real: the node agent's
+    service account (impersonated with its node-name claim) does every request the DRA
+    publisher and plugin make, and nothing on another node's slice or outside hami's
+    drivers."""
+    suffix = os.urandom(3).hex()
+    release, node, other = f"hami-{suffix}", f"dra-a-{suffix}", f"dra-b-{suffix}"
+    docs = render(*DRA, release=release, namespace=namespace)
+    wanted = {
+        ("ServiceAccount", f"{release}-node"),
+        ("ClusterRole", f"{release}-node"),
+        ("ClusterRoleBinding", f"{release}-node"),
+        ("ValidatingAdmissionPolicy", f"{release}-node-slices"),
+        ("ValidatingAdmissionPolicyBinding", f"{release}-node-slices"),
+    }
+    objs = [d for d in docs if (d["kind"], d["metadata"]["name"]) in wanted]
+    assert len(objs) == len(wanted)
+    user = f"system:serviceaccount:{namespace}:{release}-node"
+    theirs = _slice(f"{other}-nvidia-hami-io", other)
+    await kube.request("POST", SLICES, body=theirs)  # another node's agent wrote it
+    claims = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c"},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "nvidia.hami.io"}}]
+            }
+        },
+    }
+    await kube.request("POST", claims, body=claim)
+    mine = _slice(f"{node}-nvidia-hami-io", node)
+    mine_path = f"{SLICES}/{mine['metadata']['name']}"
+    try:
+        for doc in objs:
+            await apply(kube, doc)
+        async with aiohttp.ClientSession() as session:
+            agent = As(controlplane, session, user, node)
+            agent.headers = [h for h in agent.headers if "hami-system" not in h[1]] + [
+                ("Impersonate-Group", f"system:serviceaccounts:{namespace}")
+            ]
+            # the binding reaches the admission plugin through an informer: wait until
+            # it bites (RBAC may lag too; a probe that gets through is deleted again)
+            probe = _slice(f"{other}-probe-{suffix}", other)
+            async with asyncio.timeout(30):
+                while True:
+                    status, text = await agent.send("POST", SLICES, probe, JSON_BODY)
+                    if status == 403 and "-node-slices" in text:
+                        break
+                    if status == 201:
+                        await kube.request("DELETE", f"{SLICES}/{probe['metadata']['name']}")
+                    await asyncio.sleep(0.2)
+            # what the publisher does: GET (404 first), POST, PUT with a new generation,
+            # DELETE when it stops; what the plugin does: GET the claim
+            assert (await agent.send("GET", mine_path))[0] == 404
+            allowed(await agent.send("POST", SLICES, mine, JSON_BODY))
+            current = await kube.request("GET", mine_path)
+            current["spec"]["pool"]["generation"] = 2
+            allowed(await agent.send("PUT", mine_path, current, JSON_BODY))
+            allowed(await agent.send("GET", f"{claims}/c"))
+            device_class = {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": f"t{suffix}.hami.io"},
+            }
+            classes = "/apis/resource.k8s.io/v1/deviceclasses"
+            allowed(await agent.send("POST", classes, device_class, JSON_BODY))
+            # another node's slice: not created, changed, taken over or deleted
+            other_path = f"{SLICES}/{theirs['metadata']['name']}"
+            denied(
+                await agent.send("POST", SLICES, _slice("x", other), JSON_BODY),
+                "-node-slices",
+                other,
+            )
+            stolen = await kube.request("GET", other_path)
+            stolen["spec"]["pool"]["generation"] = 2  # (nodeName itself is immutable)
+            denied(await agent.send("PUT", other_path, stolen, JSON_BODY), "-node-slices", other)
+            denied(await agent.send("DELETE", other_path), "-node-slices", other)
+            # nor may its own slices name another pool
+            pool = _slice(f"{node}-pool", node)
+            pool["spec"]["pool"]["name"] = other
+            denied(await agent.send("POST", SLICES, pool, JSON_BODY), "-node-slices")
+            # only hami's drivers and DeviceClasses
+            foreign = _slice(f"{node}-foreign", node, driver="gpu.example.com")
+            denied(await agent.send("POST", SLICES, foreign, JSON_BODY), "*.hami.io")
+            evil = {**device_class, "metadata": {"name": "gpu.example.com"}}
+            denied(await agent.send("POST", classes, evil, JSON_BODY), "*.hami.io")
+            # RBAC: no listing slices or claims, no changing classes or claims
+            denied(await agent.send("GET", SLICES))
+            denied(await agent.send("GET", claims))
+            denied(await agent.send("DELETE", f"{classes}/t{suffix}.hami.io"))
+            denied(await agent.send("DELETE", f"{claims}/c"))
+            # a token without the node-name claim writes nothing
+            legacy = As(controlplane, session, user, "")
+            legacy.headers = [h for h in agent.headers if not h[0].startswith("Impersonate-Extra")]
+            denied(await legacy.send("DELETE", mine_path), "bound service account")
+            allowed(await agent.send("DELETE", mine_path))
+    finally:
+        for doc in objs:
+            if doc["kind"] != "ServiceAccount":
+                with contextlib.suppress(KubeError):
+                    await kube.request("DELETE", object_path(doc))
+        for path in (
+            f"{SLICES}/{theirs['metadata']['name']}",
+            mine_path,
+            f"/apis/resource.k8s.io/v1/deviceclasses/t{suffix}.hami.io",
+        ):
+            with contextlib.suppress(KubeError):
+                await kube.request("DELETE", path)

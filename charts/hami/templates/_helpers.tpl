@@ -89,11 +89,14 @@ imagePullSecrets:
 {{- end -}}
 
 {{/* Every resource name kube-scheduler leaves to the extender: each backend's resources in
-     hami.yaml (so both configs name the same ones) and the task priority.
+     hami.yaml (so both configs name the same ones) and the task priority. Backends in
+     mode dra are left out: kube-scheduler allocates their claims itself (docs/dra.md);
+     empty when every backend is, and then kube-scheduler gets no extender at all.
      (dict "root" $ "cfg" <hami.configData as a mapping>) */}}
 {{- define "hami.managedResources" -}}
 {{- $names := list -}}
 {{- range $backend := (list "nvidia" "mlu") -}}
+{{- if ne ((index $.cfg.backends $backend).mode | default "extender") "dra" -}}
 {{- $resources := (index $.cfg.backends $backend).resources -}}
 {{- range $key := (list "count" "memory" "memory_percentage" "cores") -}}
 {{- with (index $resources $key) -}}
@@ -102,6 +105,7 @@ imagePullSecrets:
 {{- end -}}
 {{- if eq $backend "nvidia" -}}
 {{- $names = append $names $.root.Values.resourcePriority -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- range $names }}
@@ -161,5 +165,14 @@ imagePullSecrets:
         "cores" $v.mluResourceCores
         "memory_unit_mib" 256)))
 -}}
+{{- if eq $v.devicePlugin.mode "dra" -}}
+{{- range $backend := (list "nvidia" "mlu") -}}
+{{- $_ := set (index $cfg.backends $backend) "mode" "dra" -}}
+{{- end -}}
+{{- $_ := set $cfg.node "dra" (dict
+  "plugins_dir" "/var/lib/kubelet/plugins"
+  "registry_dir" "/var/lib/kubelet/plugins_registry"
+  "cdi_dir" "/var/run/cdi") -}}
+{{- end -}}
 {{- toYaml (mergeOverwrite $cfg (deepCopy $v.config)) -}}
 {{- end -}}
