@@ -112,7 +112,11 @@ HAMI_STYLE = ("vgpu", "gpu-system", ("-f", str(HAMI_VALUES), "--api-versions", S
 # --------------------------------------------------------------------------- lint, schema
 
 
-@pytest.mark.parametrize("values", [(), ("-f", str(HAMI_VALUES))], ids=["defaults", "hami"])
+@pytest.mark.parametrize(
+    "values",
+    [(), ("-f", str(HAMI_VALUES)), ("--set", "devicePlugin.mode=dra")],
+    ids=["defaults", "hami", "dra"],
+)
 def test_helm_lint_is_clean(values: tuple[str, ...]) -> None:
     result = helm("lint", "--strict", str(CHART), *values)
     assert "0 chart(s) failed" in result.stdout, result.stdout
@@ -605,14 +609,16 @@ async def test_dra_node_agent_rbac_and_policy_let_it_write_only_its_nodes_slices
             # the binding reaches the admission plugin through an informer: wait until
             # it bites (RBAC may lag too; a probe that gets through is deleted again)
             probe = _slice(f"{other}-probe-{suffix}", other)
-            async with asyncio.timeout(30):
-                while True:
-                    status, text = await agent.send("POST", SLICES, probe, JSON_BODY)
-                    if status == 403 and "-node-slices" in text:
-                        break
-                    if status == 201:
-                        await kube.request("DELETE", f"{SLICES}/{probe['metadata']['name']}")
-                    await asyncio.sleep(0.2)
+            answer: tuple[int, str] = (0, "")
+            try:
+                async with asyncio.timeout(30):
+                    while not (answer[0] == 403 and "-node-slices" in answer[1]):
+                        answer = await agent.send("POST", SLICES, probe, JSON_BODY)
+                        if answer[0] == 201:
+                            await kube.request("DELETE", f"{SLICES}/{probe['metadata']['name']}")
+                        await asyncio.sleep(0.2)
+            except TimeoutError:
+                pytest.fail(f"hami-node-slices never refused another node's slice: {answer}")
             # what the publisher does: GET (404 first), POST, PUT with a new generation,
             # DELETE when it stops; what the plugin does: GET the claim
             assert (await agent.send("GET", mine_path))[0] == 404
