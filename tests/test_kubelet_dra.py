@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -171,11 +172,10 @@ async def dra_node(
     kubelet_factory: Any,
     kube_scheduler: Any,
     claim_controller: ControllerManagerProcess,
-    tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[dict[str, Any]]:
     tag = uuid.uuid4().hex[:6]
     node, driver_name = f"dra-{tag}", f"t{tag}.hami.io"
-    base = Path(f"/tmp/kd-{tag}")
+    base = Path(f"/tmp/kd-{tag}")  # short: unix socket paths are limited to 107 bytes
     registry, cdi = base / "reg", base / "cdi"
     driver = FakeDriver(driver_name, kube, base / "plugin", registry, cdi)
     await driver.start()
@@ -244,6 +244,7 @@ async def dra_node(
         for path in created:
             with contextlib.suppress(KubeError):
                 await kube.delete(path)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def _pod(name: str, tag: str, **extra: Any) -> dict[str, Any]:
