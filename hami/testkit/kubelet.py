@@ -240,7 +240,7 @@ class KubeletEmulator:
         )
         #: first and largest pause before NodePrepareResources is tried again
         self.prepare_retry = prepare_retry
-        self._retries: set[asyncio.Task[None]] = set()
+        self._retries: set[asyncio.Task[None]] = set()  # pod workers and their retries
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -642,9 +642,42 @@ class KubeletEmulator:
         self._retries.add(task)
         task.add_done_callback(self._retries.discard)
 
+    def _start_worker(self, adm: PodAdmission, pod: dict[str, Any]) -> None:
+        task = asyncio.create_task(
+            self._pod_worker(adm, pod), name=f"kubelet[{self.node_name}].pod[{adm.name}]"
+        )
+        self._retries.add(task)
+        task.add_done_callback(self._retries.discard)
+
+    def _gone(self, adm: PodAdmission) -> bool:
+        return adm.deleted or adm.uid in self._deleting or self._by_uid.get(adm.uid) is not adm
+
+    async def _pod_worker(self, adm: PodAdmission, pod: dict[str, Any]) -> None:
+        """kubelet's SyncPod for an admitted pod with claims: prepare them (each pod in its
+        own worker, as kubelet's pod workers run in parallel), then run the containers."""
+        assert self.dra is not None
+        try:
+            envs = await self.dra.prepare(self.kube, pod)
+        except PrepareError as exc:
+            if not self._gone(adm):
+                await self._prepare_failed(adm, pod, str(exc))
+            return
+        if self._gone(adm):  # deleted while preparing: its release already ran
+            await self._release_dra(adm.uid)
+            return
+        adm.cdi_env = {
+            name: dict(e.split("=", 1) for e in entries if "=" in e)
+            for name, entries in envs.items()
+        }
+        try:
+            await self._write_status(adm, self._running_status(pod.get("spec", {})))
+        finally:
+            adm.phase, adm.reason, adm.message = "Running", None, None
+            await self._notify()
+
     async def _retry_admit(self, adm: PodAdmission, delay: float) -> None:
         await asyncio.sleep(delay)
-        if adm.deleted or self._by_uid.get(adm.uid) is not adm:
+        if self._gone(adm):
             return
         try:
             pod = await self.kube.get_pod(adm.namespace, adm.name)
@@ -657,8 +690,7 @@ class KubeletEmulator:
             if pod is None:  # try again later
                 await self._prepare_failed(adm, {"metadata": {}}, "pod not readable")
             return
-        del self._by_uid[adm.uid]  # admitted afresh from the current object
-        self._queue.put_nowait(("MODIFIED", pod))
+        self._start_worker(adm, pod)  # from the current object
 
     async def _event(self, pod: Mapping[str, Any], reason: str, message: str) -> None:
         meta = pod.get("metadata") or {}
@@ -802,12 +834,9 @@ class KubeletEmulator:
 
     async def _admit(self, pod: dict[str, Any]) -> None:
         meta, spec = pod["metadata"], pod.get("spec", {})
-        key = (meta["namespace"], meta["name"])
-        adm = self.admissions.get(key)
-        if adm is None or adm.uid != meta["uid"] or adm.phase != "Pending":
-            adm = PodAdmission(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+        adm = PodAdmission(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
         self._by_uid[adm.uid] = adm
-        self.admissions[key] = adm
+        self.admissions[(adm.namespace, adm.name)] = adm
         containers = [(True, c) for c in spec.get("initContainers") or []]
         containers += [(False, c) for c in spec.get("containers") or []]
         reusable: dict[str, list[str]] = {}  # devices of finished init containers
@@ -816,17 +845,6 @@ class KubeletEmulator:
                 "%s: losing the admission of %s/%s", self.node_name, adm.namespace, adm.name
             )
             return
-        if self.dra is not None and self._uses_dra(pod):
-            # kubelet prepares DRA claims before any container is created
-            try:
-                envs = await self.dra.prepare(self.kube, pod)
-            except PrepareError as exc:
-                await self._prepare_failed(adm, pod, str(exc))
-                return
-            adm.cdi_env = {
-                name: dict(e.split("=", 1) for e in entries if "=" in e)
-                for name, entries in envs.items()
-            }
         try:
             for init, container in containers:
                 for resource, count in self._device_requests(container, self.plugins):
@@ -848,6 +866,10 @@ class KubeletEmulator:
                 "startTime": _now(),
             }
         else:
+            if self.dra is not None and self._uses_dra(pod):
+                # admitted; kubelet's pod worker prepares the claims, pods in parallel
+                self._start_worker(adm, pod)
+                return
             phase, reason, message = "Running", None, None
             status = self._running_status(spec)
         try:

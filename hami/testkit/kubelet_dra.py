@@ -7,7 +7,9 @@ What kubelet 1.36 does, as far as a DRA driver and the API server can see it:
   whose supported versions include the v1 DRA service is accepted and told so with
   ``NotifyRegistrationStatus(plugin_registered=True)``; anything else is told why not. A
   socket that goes away (or is replaced) unregisters its driver.
-- before a pod's containers start, the pod's claims are resolved (``spec.resourceClaims``,
+- after admission (device plugin ``Allocate``, one pod at a time), each pod's worker (pod
+  workers run in parallel) prepares the pod's claims before its containers start: they are
+  resolved (``spec.resourceClaims``,
   the names ``status.resourceClaimStatuses`` gives for template claims, and
   ``status.extendedResourceClaimStatus`` for an extended resource that a DeviceClass maps),
   each claim must be allocated and reserved for the pod, and each driver is called once
