@@ -1,7 +1,7 @@
 """End to end on the real control plane: kube-scheduler alone vs kube-scheduler + hami.
 
     .venv/bin/python bench/bench_e2e.py            # everything, default sizes (~12 min on 2 cores)
-    .venv/bin/python bench/bench_e2e.py --quick    # small sizes (~2 min)
+    .venv/bin/python bench/bench_e2e.py --quick    # small sizes (a few minutes)
     .venv/bin/python bench/bench_e2e.py --only throughput --nodes 50 500 --pods 300
 
 Parts (``--only`` picks some):
