@@ -257,6 +257,14 @@ async def test_agent_restart_keeps_prepared_claims(dra: LocalCluster) -> None:
 
 async def test_plain_gpu_count_pod_works_unchanged(dra: LocalCluster) -> None:
     # the DeviceClass maps nvidia.com/gpu (DRAExtendedResource): no claim in the pod spec
+    await dra.map_extended_resource("nvidia.com/gpu")
+    try:
+        await _plain_gpu_pod(dra)
+    finally:
+        await dra.map_extended_resource(None)
+
+
+async def _plain_gpu_pod(dra: LocalCluster) -> None:
     pod = gpu_pod("plain", [limits(1)])
     await dra.create_pod(pod)
     running = await dra.wait_pod("plain", timeout=60)

@@ -98,6 +98,10 @@ async def test_model_selector(cluster: LocalCluster) -> None:
 
 
 async def test_extended_resource(cluster: LocalCluster) -> None:
-    (env,) = (await _run(cluster, _docs()["extended-resource.yaml"])).values()
+    await cluster.map_extended_resource("nvidia.com/gpu")  # as the example's comment says
+    try:
+        (env,) = (await _run(cluster, _docs()["extended-resource.yaml"])).values()
+    finally:
+        await cluster.map_extended_resource(None)
     total = next(mib for key, mib in MODEL_MIB.items() if key in _model(cluster, env))
     assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{total}m"

@@ -399,8 +399,6 @@ class NodeAgent:
             min_backoff=self.min_backoff,
             metrics=self._dra_metrics,
             refresh=lambda: self._refresh(state),
-            # pods asking `nvidia.com/gpu: 1` get a claim on nodes without the device plugin
-            extended_resource_name=state.backend.resources.count,
         )
         self.dra[name] = (server, publisher)
         tg.create_task(

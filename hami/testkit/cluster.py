@@ -71,6 +71,7 @@ TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
 MODES = ("extender", "dra")
 #: the DRA driver (and DeviceClass) of the fake backend: it calls itself nvidia
 DRA_DRIVER = "nvidia.hami.io"
+DEVICE_CLASSES = "/apis/resource.k8s.io/v1/deviceclasses"
 
 Progress = Callable[[str], None]
 
@@ -551,6 +552,11 @@ class LocalCluster:
         for name in self.nodes:
             with contextlib.suppress(KubeError):
                 await self.kube.delete(f"/api/v1/nodes/{name}")
+        if self.mode == "dra":
+            # the agents' DeviceClass is cluster-scoped: gone with the cluster, so a later
+            # cluster on the same API server starts from the agents' own body
+            with contextlib.suppress(KubeError):
+                await self.kube.delete(f"{DEVICE_CLASSES}/{DRA_DRIVER}")
         if self._webhook_config:
             with contextlib.suppress(KubeError):
                 await self.kube.delete(
@@ -611,6 +617,14 @@ class LocalCluster:
             "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", body
         )
         self._webhook_config = name
+
+    async def map_extended_resource(self, resource: str | None) -> None:
+        """DRA mode: set (or with None remove) the DeviceClass's ``extendedResourceName``,
+        so pods asking ``resource: N`` get a claim from kube-scheduler (DRAExtendedResource).
+        Off by default: see docs/dra.md on mixing it with the extender mode."""
+        await self.kube.merge_patch(
+            f"{DEVICE_CLASSES}/{DRA_DRIVER}", {"spec": {"extendedResourceName": resource}}
+        )
 
     # ------------------------------------------------------------------ nodes
 
