@@ -38,7 +38,8 @@ async def test_a_placed_pod_is_not_held_against_its_own_node(kube: Kube, namespa
             result = await role.scheduler.filter({"Pod": pod, "NodeNames": [node]})
             assert result["NodeNames"] == [node], result
             answer = await role.scheduler.explain(namespace, "whole")
-            assert answer["nodes"] == {node: "fits"}
+            # (other tests' nodes may share the control plane: judge this one)
+            assert answer["nodes"][node] == "fits", answer
             # the hold is still there for every other pod
             other = await create_pod(kube, namespace, gpu_pod("other", mem=8000))
             assert role.scheduler.explain_pod(other)["nodes"][node] != "fits"
