@@ -366,6 +366,22 @@ def _wait_ready(proc: ManagedProcess, url: str, ctx: ssl.SSLContext | None, time
     raise proc.fail(f"not ready after {timeout:.0f}s at {url} (last answer: {last})")
 
 
+def _wait_ready_or_stop(
+    proc: ManagedProcess, plane: ControlPlane, url: str, timeout: float
+) -> None:
+    """``_wait_ready`` with the admin client certificate (the API server's clients need it
+    for their health endpoints); a process that does not get ready is stopped."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    ctx.load_cert_chain(plane.admin_cert_path, plane.admin_key_path)
+    try:
+        _wait_ready(proc, url, ctx, timeout)
+    except BaseException:
+        proc.stop()
+        raise
+
+
 def _post_json(url: str, body: Mapping[str, Any]) -> Any:
     req = urllib.request.Request(
         url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
@@ -416,15 +432,9 @@ class SchedulerProcess:
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Block until /readyz answers 200; stop the process and raise if it does not."""
-        ctx = ssl.create_default_context()
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-        ctx.load_cert_chain(self._plane.admin_cert_path, self._plane.admin_key_path)
-        try:
-            _wait_ready(self.process, f"https://127.0.0.1:{self.port}/readyz", ctx, timeout)
-        except BaseException:
-            self.process.stop()
-            raise
+        _wait_ready_or_stop(
+            self.process, self._plane, f"https://127.0.0.1:{self.port}/readyz", timeout
+        )
 
     def stop(self) -> None:
         self.process.stop()
@@ -495,15 +505,9 @@ class ControllerManagerProcess:
 
     def start(self, timeout: float = 60.0) -> None:
         self.process.start()
-        ctx = ssl.create_default_context()
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-        ctx.load_cert_chain(self._plane.admin_cert_path, self._plane.admin_key_path)
-        try:
-            _wait_ready(self.process, f"https://127.0.0.1:{self.port}/healthz", ctx, timeout)
-        except BaseException:
-            self.process.stop()
-            raise
+        _wait_ready_or_stop(
+            self.process, self._plane, f"https://127.0.0.1:{self.port}/healthz", timeout
+        )
 
     def stop(self) -> None:
         self.process.stop()
