@@ -19,7 +19,7 @@ from hami.backends.base import BackendSettings
 from hami.backends.fake import FakeBackend
 from hami.config import from_mapping
 from hami.dra.names import slice_name
-from hami.dra.publisher import SLICES_PATH
+from hami.dra.publisher import CLASSES_PATH, SLICES_PATH
 from hami.kube.client import Kube
 from hami.kube.raw import NotFound
 from hami.node.agent import NodeAgent
@@ -28,6 +28,14 @@ from hami.node.agent import NodeAgent
 async def test_agent_in_dra_mode_publishes_and_serves(kube: Kube) -> None:
     node = f"dra-{uuid.uuid4().hex[:6]}"
     root = Path(tempfile.mkdtemp(prefix="hdra-", dir="/tmp"))
+    # the agent creates its cluster-scoped DeviceClass; remove it afterwards unless it was
+    # already there, so no later test on the shared control plane inherits it
+    class_path = f"{CLASSES_PATH}/nvidia.hami.io"
+    try:
+        await kube.request("GET", class_path)
+        class_was_there = True
+    except NotFound:
+        class_was_there = False
     await kube.create("/api/v1/nodes", {"metadata": {"name": node}})
     cfg = from_mapping(
         {
@@ -108,6 +116,9 @@ async def test_agent_in_dra_mode_publishes_and_serves(kube: Kube) -> None:
             await task
         with contextlib.suppress(NotFound):
             await kube.delete(f"/api/v1/nodes/{node}")
+        if not class_was_there:
+            with contextlib.suppress(NotFound):
+                await kube.delete(class_path)
     try:
         await kube.request("GET", path)
         raise AssertionError("the slice outlived the agent")
