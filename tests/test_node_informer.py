@@ -66,8 +66,23 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
+#: Nodes this module made: cluster-scoped, so they would outlive the test on the shared
+#: control plane (and show up in every later test that lists nodes)
+_MADE: set[str] = set()
+
+
 async def make_node(kube: Kube, name: str) -> None:
+    _MADE.add(name)
     await kube.create("/api/v1/nodes", {"metadata": {"name": name}})
+
+
+@pytest.fixture(autouse=True)
+async def nodes_removed(kube: Kube) -> AsyncIterator[None]:
+    """Every test here uses the control plane; set up first, so torn down last."""
+    yield
+    while _MADE:
+        with contextlib.suppress(Exception):  # best effort: gone already is fine
+            await kube.delete(node_path(_MADE.pop()))
 
 
 def bound_pod(name: str, node: str, entries: list[list[ContainerDevice]]) -> JSON:
