@@ -202,3 +202,42 @@ async def test_a_failed_binding_marks_the_pod_failed_unless_it_changed_since(
             assert node["metadata"]["annotations"][keys.NODE_LOCK].endswith(f",{namespace},p")
     finally:
         await delete_nodes(kube, [name])
+
+
+async def test_a_pod_bound_meanwhile_keeps_the_decision_it_runs_with(
+    kube: Kube, namespace: str
+) -> None:
+    """A retried bind must not rewrite the decision of a pod that is already bound: in an
+    API outage a Binding whose answer was lost may have gone through, kubelet may already
+    run the pod with that decision, and a new one would hand its devices out twice."""
+    name = await one_node(kube, "bm")
+    try:
+        async with running_scheduler(kube, FakeClock()) as role:
+            await poll(lambda: name in role.scheduler.cluster.nodes)
+            pod = await create_pod(kube, namespace, gpu_pod("p", mem=3000))
+            answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": [name]})
+            assert answer["NodeNames"] == [name], answer
+            # what an earlier bind of the same pod left: its decision, then the Binding
+            earlier = f"GPU-{name}-0,NVIDIA,1000,0:;"
+            await kube.patch_pod_annotations(
+                namespace,
+                "p",
+                {
+                    keys.VGPU_NODE: name,
+                    ALLOCATED: earlier,
+                    TO_ALLOCATE: earlier,
+                    keys.BIND_PHASE: "allocating",
+                },
+            )
+            meta = pod["metadata"]
+            await kube.bind_pod(namespace, "p", meta["uid"], name)
+
+            answer = await post(f"{role.url}/bind", binding(pod, name))
+            assert "already bound" in answer["Error"], answer
+            ann = (await kube.get_pod(namespace, "p"))["metadata"]["annotations"]
+            assert ann[ALLOCATED] == ann[TO_ALLOCATE] == earlier
+            assert ann[keys.BIND_PHASE] == "allocating"
+            node = await kube.get_node(name)
+            assert keys.NODE_LOCK not in (node["metadata"].get("annotations") or {})
+    finally:
+        await delete_nodes(kube, [name])

@@ -123,6 +123,9 @@ class PodRecord:
     # the annotations bind writes for a reservation (protocol.md section 3), None when the
     # decision is already on the pod
     decision: Mapping[str, str | None] | None = field(default=None, compare=False)
+    # the pod's resourceVersion as filter saw it: bind writes the decision only on that
+    # version of the pod (or, after a conflict, on one still unbound)
+    pod_version: str | None = field(default=None, compare=False)
     # uuid -> device type: which quota resources the hold counts against (hami.core.quota)
     types: Mapping[str, str] = field(default_factory=dict, compare=False)
     # device type -> per annotation entry (container) devices: the per-container metrics
@@ -619,6 +622,7 @@ class Cluster:
         *,
         at: float = 0.0,
         decision: Mapping[str, str | None] | None = None,
+        pod_version: str | None = None,
     ) -> PodRecord | None:
         """Hold ``fit`` for the pod at once; returns the record it replaced.
 
@@ -636,6 +640,7 @@ class Cluster:
             reserved=True,
             reserved_at=at,
             decision=decision,
+            pod_version=pod_version,
             types=types,
             assignment=fit.assignment,
         )

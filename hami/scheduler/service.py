@@ -434,10 +434,17 @@ class Scheduler:
             return {"NodeNames": [], "FailedNodes": decision.failed, "Error": ""}, "unschedulable"
         # Held in memory only: bind writes the decision with bind-time and bind-phase in
         # one pod write (filter does no API I/O; kube-scheduler calls it one pod at a time).
-        uid = str(metadata_of(pod).get("uid") or "")
+        meta = metadata_of(pod)
+        uid = str(meta.get("uid") or "")
         annotations = self._decision_annotations(pod, decision.node, fit.assignment)
         self.cluster.reserve(
-            key, uid, decision.node, fit, at=self.clock.monotonic(), decision=annotations
+            key,
+            uid,
+            decision.node,
+            fit,
+            at=self.clock.monotonic(),
+            decision=annotations,
+            pod_version=str(meta.get("resourceVersion") or "") or None,
         )
         self.metrics.decision_seconds.observe(time.perf_counter() - began)
         devices = "; ".join(
@@ -554,9 +561,7 @@ class Scheduler:
             async with self.bind_queue.turn(node, wait):
                 try:
                     await self._take_lock(node, namespace, name, deadline)
-                    answer = await self._kube.patch_pod_annotations(
-                        namespace, name, self._bind_annotations(record)
-                    )
+                    answer = await self._write_bind(namespace, name, uid, record)
                     written = str(metadata_of(answer).get("resourceVersion") or "") or None
                     await self._create_binding(namespace, name, uid, node)
                 except BaseException as exc:
@@ -603,6 +608,43 @@ class Scheduler:
                 "schedule it again"
             )
         return record
+
+    async def _write_bind(
+        self, namespace: str, name: str, uid: str | None, record: PodRecord
+    ) -> Json:
+        """The bind's pod write, only on a pod that is not bound yet: a pod bound meanwhile
+        (a Binding whose answer was lost in an API outage went through after all) may
+        already run with the decision it had, and overwriting it would hand its devices
+        out twice. The write is guarded by the resourceVersion filter saw; after a
+        Conflict the pod is read, and written at its new version only while unbound."""
+        key = f"{namespace}/{name}"
+        patch = self._bind_annotations(record)
+        version = record.pod_version
+        for _ in range(3):
+            if version is None:
+                try:
+                    pod = await self._kube.get_pod(namespace, name)
+                except KubeError as exc:
+                    raise BindError(f"hami bind: reading pod {key} failed: {exc}") from exc
+                bound = str((pod.get("spec") or {}).get("nodeName") or "")
+                current_uid = str(metadata_of(pod).get("uid") or "")
+                if bound:
+                    raise BindError(
+                        f"hami bind: pod {key} is already bound to node {bound}; its decision "
+                        "is left as it is"
+                    )
+                if uid and current_uid and current_uid != uid:
+                    raise BindError(f"hami bind: pod {key} was replaced (uid {current_uid})")
+                version = str(metadata_of(pod).get("resourceVersion") or "") or None
+                if version is None:
+                    raise BindError(f"hami bind: pod {key} has no resourceVersion")
+            try:
+                return await self._kube.patch_pod_annotations(
+                    namespace, name, patch, resource_version=version
+                )
+            except Conflict:
+                version = None  # changed since filter saw it: read it and look again
+        raise BindError(f"hami bind: pod {key} kept changing; its decision was not written")
 
     def _bind_annotations(self, record: PodRecord) -> dict[str, str | None]:
         """The one pod write of a bind: the decision (unless written before), bind-time and
