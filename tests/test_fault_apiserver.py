@@ -99,13 +99,26 @@ async def test_apiserver_outage_mid_burst_overcommits_nothing_and_loses_no_pod(
     # The pod that fits nowhere waits with the scheduler's reason. kube-scheduler may have
     # tried it last while hami refused to decide (its watches were down), so the reason can
     # take one more retry to show: kube-scheduler retries it on the next cluster event.
+    # Once the burst is placed nothing else happens in the cluster, so a pod kube-scheduler
+    # last saw refused with hami's "not ready" error can wait minutes for its retry: the
+    # test supplies the cluster event (a Node label change) a live cluster would.
     seen: list[object] = []
+    nudged = [0.0]
 
     async def waits_with_reason() -> bool:
         nowhere = await cluster.get_pod("fa-nowhere")
         assert phase_of(nowhere) == "Pending"
         conditions = (nowhere.get("status") or {}).get("conditions") or []
         seen[:] = conditions
+        if any(c.get("reason") == "SchedulerError" for c in conditions) and (
+            time.monotonic() - nudged[0] > 5
+        ):
+            nudged[0] = time.monotonic()
+            node = next(iter(cluster.nodes))
+            await cluster.kube.merge_patch(
+                f"/api/v1/nodes/{node}",
+                {"metadata": {"labels": {"hami-test/nudge": str(int(nudged[0]))}}},
+            )
         return any(
             c.get("reason") == "Unschedulable" and "CardInsufficientMemory" in c.get("message", "")
             for c in conditions
