@@ -36,6 +36,7 @@ from bench_e2e import (
     create_nodes,
     delete_all_pods,
     load,
+    one_vs_ten,
     say,
 )
 
@@ -255,23 +256,4 @@ async def dra_one_node(args: argparse.Namespace, plane: ControlPlane) -> None:
         await cluster.kube.create(
             templates_path(cluster.namespace), claim_template("slice", mem=1000)
         )
-        for rep in range(args.one_node_reps):
-
-            async def running(count: int, tag: str) -> float:
-                began = time.monotonic()
-                names = [f"{tag}-{i}" for i in range(count)]
-                await asyncio.gather(*(cluster.create_pod(dra_pod(n, ["slice"])) for n in names))
-                pods = await cluster.wait_running(names, timeout=120)
-                took = time.monotonic() - began
-                phases = sorted({str((p.get("status") or {}).get("phase")) for p in pods.values()})
-                if phases != ["Running"]:
-                    say(f"  !! {tag}: pods ended {phases}, not all Running")
-                await cluster.delete_pods(wait=True)
-                return took
-
-            one = await running(1, f"one{rep}")
-            ten = await running(10, f"ten{rep}")
-            say(
-                f"  rep {rep + 1}: 1 pod {one:5.2f}s, 10 pods {ten:5.2f}s, "
-                f"ratio {ten / one:4.1f}x  ({load()})"
-            )
+        await one_vs_ten(cluster, args.one_node_reps, lambda n: dra_pod(n, ["slice"]))

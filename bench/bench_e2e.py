@@ -511,28 +511,32 @@ async def one_node(args: argparse.Namespace, plane: ControlPlane) -> None:
     spec = NodeSpec("gpu-one", ({"count": 4, "model": GPU_MODEL, "memory": GPU_MEMORY},))
     timing = Timing(register_period=1.0, handshake_period=1.0, handshake_timeout=30.0)
     async with LocalCluster([spec], plane=plane, timing=timing) as cluster:
-        for rep in range(args.one_node_reps):
+        await one_vs_ten(cluster, args.one_node_reps, lambda n: gpu_pod(n, [limits(1, mem=1000)]))
 
-            async def running(count: int, tag: str) -> float:
-                began = time.monotonic()
-                names = [f"{tag}-{i}" for i in range(count)]
-                await asyncio.gather(
-                    *(cluster.create_pod(gpu_pod(n, [limits(1, mem=1000)])) for n in names)
-                )
-                pods = await cluster.wait_running(names, timeout=120)
-                took = time.monotonic() - began
-                phases = sorted({str((p.get("status") or {}).get("phase")) for p in pods.values()})
-                if phases != ["Running"]:
-                    say(f"  !! {tag}: pods ended {phases}, not all Running")
-                await cluster.delete_pods(wait=True)
-                return took
 
-            one = await running(1, f"one{rep}")
-            ten = await running(10, f"ten{rep}")
-            say(
-                f"  rep {rep + 1}: 1 pod {one:5.2f}s, 10 pods {ten:5.2f}s, "
-                f"ratio {ten / one:4.1f}x  ({load()})"
-            )
+async def one_vs_ten(cluster: Any, reps: int, make_pod: Callable[[str], dict[str, Any]]) -> None:
+    """Per repetition: one pod until Running, then ten created at once until all Running
+    (``cluster`` is a ``LocalCluster``; ``make_pod(name)`` the pod to place)."""
+
+    async def running(count: int, tag: str) -> float:
+        began = time.monotonic()
+        names = [f"{tag}-{i}" for i in range(count)]
+        await asyncio.gather(*(cluster.create_pod(make_pod(n)) for n in names))
+        pods = await cluster.wait_running(names, timeout=120)
+        took = time.monotonic() - began
+        phases = sorted({str((p.get("status") or {}).get("phase")) for p in pods.values()})
+        if phases != ["Running"]:
+            say(f"  !! {tag}: pods ended {phases}, not all Running")
+        await cluster.delete_pods(wait=True)
+        return took
+
+    for rep in range(reps):
+        one = await running(1, f"one{rep}")
+        ten = await running(10, f"ten{rep}")
+        say(
+            f"  rep {rep + 1}: 1 pod {one:5.2f}s, 10 pods {ten:5.2f}s, "
+            f"ratio {ten / one:4.1f}x  ({load()})"
+        )
 
 
 # --------------------------------------------------------------------------- filter
