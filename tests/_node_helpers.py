@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
@@ -260,3 +262,25 @@ def write_fake_node_config(
     path = work_dir / "hami.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+async def spawn_node_agent(
+    config: Path, kubeconfig: Path, node: str, *, output: int | None = asyncio.subprocess.PIPE
+) -> asyncio.subprocess.Process:
+    """``hami run --role node`` as its own process (``NODE_NAME`` from the environment, as
+    the DaemonSet's downward API sets it); ``output``: where stdout and stderr go."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "hami",
+        "run",
+        "--role",
+        "node",
+        "--config",
+        str(config),
+        "--kubeconfig",
+        str(kubeconfig),
+        env={**os.environ, "NODE_NAME": node},
+        stdout=output,
+        stderr=asyncio.subprocess.STDOUT if output == asyncio.subprocess.PIPE else output,
+    )

@@ -9,10 +9,8 @@ and gets them back.
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import signal
-import sys
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -20,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _node_helpers import write_fake_node_config
+from _node_helpers import spawn_node_agent, write_fake_node_config
 
 from hami.kube.client import Kube
 from hami.testkit import ControlPlane, KubeletEmulator
@@ -43,20 +41,8 @@ async def start_agent(
     procs: list[asyncio.subprocess.Process] = []
 
     async def start(node: str, config: Path) -> asyncio.subprocess.Process:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "hami",
-            "run",
-            "--role",
-            "node",
-            "--config",
-            str(config),
-            "--kubeconfig",
-            str(controlplane.kubeconfig),
-            env={**os.environ, "NODE_NAME": node},
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
+        proc = await spawn_node_agent(
+            config, controlplane.kubeconfig, node, output=asyncio.subprocess.DEVNULL
         )
         procs.append(proc)
         return proc

@@ -8,7 +8,6 @@ import os
 import shutil
 import signal
 import socket
-import sys
 import tempfile
 import time
 import uuid
@@ -20,7 +19,7 @@ import aiohttp
 import pytest
 import yaml
 from _monitor_helpers import Proc, RegionSpec, write_region
-from _node_helpers import write_fake_node_config
+from _node_helpers import spawn_node_agent, write_fake_node_config
 from prometheus_client.parser import text_string_to_metric_families
 
 from hami.kube.client import Kube
@@ -90,21 +89,7 @@ async def test_node_process_exports_usage_and_removes_gone_dirs(
     then = time.time() - 3600
     os.utime(gone, (then, then))
 
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "hami",
-        "run",
-        "--role",
-        "node",
-        "--config",
-        str(path),
-        "--kubeconfig",
-        str(controlplane.kubeconfig),
-        env={**os.environ, "NODE_NAME": node},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
+    proc = await spawn_node_agent(path, controlplane.kubeconfig, node)
     try:
 
         async def exported() -> bool:

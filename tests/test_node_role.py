@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import signal
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _node_helpers import write_fake_node_config
+from _node_helpers import spawn_node_agent, write_fake_node_config
 
 from hami import cli, log
 from hami.kube.client import Kube
@@ -51,22 +50,7 @@ async def test_node_role_process_registers_and_stops_on_sigterm(
     node = f"n-proc-{uuid.uuid4().hex[:6]}"
     kubelet = await kubelet_factory(node)
     path = write_fake_node_config(node, kubelet.plugin_dir, work_dir, level="info")
-    env = {**os.environ, "NODE_NAME": node}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "hami",
-        "run",
-        "--role",
-        "node",
-        "--config",
-        str(path),
-        "--kubeconfig",
-        str(controlplane.kubeconfig),
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
+    proc = await spawn_node_agent(path, controlplane.kubeconfig, node)
     try:
         await kubelet.wait_for_resource("nvidia.com/gpu", healthy=2, timeout=30)
 
