@@ -196,6 +196,10 @@ async def _record_holders(
         await asyncio.sleep(0.1)
 
 
+def _changed_after(seen: list[tuple[float, str]], since: float) -> bool:
+    return any(t > since and holder for t, holder in seen)
+
+
 def _taken_after(seen: list[tuple[float, str]], since: float) -> float:
     """Seconds from ``since`` to the first holder change read after it."""
     return next(t for t, holder in seen if t > since and holder) - since
@@ -273,7 +277,13 @@ async def test_the_standby_takes_over_when_the_leading_pod_is_killed_mid_burst(
         await poll(lambda: _above(b.metric(bound), 0), 60, "pod-b binds", interval=0.05)
         first_bind = loop.time() - killed
         assert await b.readyz() == "ok"
-        # both Leases moved to pod-b's pair: the pod leads once both have
+        # both Leases moved to pod-b's pair: the pod leads once both have (the recorders
+        # read each Lease every 0.1 s, so the last change may show just after the bind)
+        await poll(
+            lambda: _changed_after(holders, killed) and _changed_after(ks_holders, killed),
+            10,
+            "both Lease changes recorded",
+        )
         hami_took = _taken_after(holders, killed)
         ks_took = _taken_after(ks_holders, killed)
         takeover = max(hami_took, ks_took)

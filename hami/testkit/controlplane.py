@@ -30,6 +30,7 @@ import datetime as dt
 import ipaddress
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -240,10 +241,30 @@ class CertificateAuthority:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    """A TCP port on 127.0.0.1 that was free a moment ago, chosen below the kernel's
+    ephemeral range: a port the kernel hands out itself (bind to 0) can be taken by any
+    outgoing connection before our server binds it (seen: "address already in use" in a
+    full run with many API clients), one outside that range only by another listener."""
+    low, _high = _ephemeral_range()
+    for _ in range(50):
+        port = random.randrange(max(1024, low - 12000), low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
 
 
 def _load_prctl() -> Any:
