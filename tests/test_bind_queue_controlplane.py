@@ -195,7 +195,7 @@ async def test_a_failed_binding_marks_the_pod_failed_unless_it_changed_since(
             record = cluster.pods[key]
             assert await post(f"{role.url}/bind", binding(pod, name)) == {"Error": ""}
             stale_version = "1"  # any version but the pod's current one
-            await role.scheduler._undo_bind(namespace, "p", name, record, stale_version)
+            await role.scheduler.binder.undo(namespace, "p", name, record, stale_version)
             stored = await kube.get_pod(namespace, "p")
             assert stored["metadata"]["annotations"][keys.BIND_PHASE] == "allocating"
             node = await kube.get_node(name)

@@ -231,9 +231,9 @@ def _scheduler(kube: StubKube, now: datetime) -> Scheduler:
 
 
 def _scheduler_decision(value: str | None, pod: dict[str, Any] | None, now: datetime) -> Any:
-    """``Scheduler._live_holder`` (bind's lock decision) with the API calls stubbed."""
+    """``NodeLocks.live_holder`` (bind's lock decision) with the API calls stubbed."""
     scheduler = _scheduler(StubKube(None, pod), now)
-    return asyncio.run(scheduler._live_holder(value, NODE, "ns", "me"))
+    return asyncio.run(scheduler.locks.live_holder(value, NODE, "ns", "me"))
 
 
 @settings(max_examples=200, deadline=None)

@@ -112,7 +112,7 @@ async def test_filter_tries_a_node_with_a_long_held_lock_last(kube: Kube, namesp
         async with running_scheduler(kube, fake, cfg) as role:
             await poll(lambda: all(n in role.scheduler.cluster.nodes for n in names))
             await bound_holder(kube, namespace, names[0], fake)
-            await poll(lambda: role.scheduler._node_locks.get(names[0]) is not None)
+            await poll(lambda: role.scheduler.locks.parsed.get(names[0]) is not None)
             # a fresh lock is normal (allocation takes seconds): the usual order, names[0]
             first = await create_pod(kube, namespace, gpu_pod("first", mem=100))
             answer = await post(f"{role.url}/filter", {"Pod": first, "NodeNames": names})
@@ -153,7 +153,7 @@ async def test_the_sweep_releases_locks_no_bind_would_free(kube: Kube, namespace
             )
             lock = f"{fake.now():%Y-%m-%dT%H:%M:%SZ},{namespace},done"
             await kube.patch_node_annotations(finished, {keys.NODE_LOCK: lock})
-            await poll(lambda: all(n in sched._node_locks for n in names))
+            await poll(lambda: all(n in sched.locks.parsed for n in names))
 
             async def locked() -> set[str]:
                 found = set()

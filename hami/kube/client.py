@@ -216,8 +216,20 @@ class Kube:
             pod_path(namespace, name), annotation_patch(annotations, resource_version)
         )
 
-    async def bind_pod(self, namespace: str, name: str, uid: str | None, node: str) -> None:
-        """Create the pod's Binding to ``node`` (what kube-scheduler's default binder does)."""
+    async def bind_pod(
+        self,
+        namespace: str,
+        name: str,
+        uid: str | None,
+        node: str,
+        *,
+        resource_version: str | None = None,
+    ) -> None:
+        """Create the pod's Binding to ``node`` (what kube-scheduler's default binder does).
+
+        With ``resource_version`` the API server binds only the pod at that version (it
+        answers 409 Conflict otherwise): the pod is bound with exactly the annotations the
+        caller saw."""
         body: JSON = {
             "apiVersion": "v1",
             "kind": "Binding",
@@ -226,6 +238,8 @@ class Kube:
         }
         if uid:
             body["metadata"]["uid"] = uid
+        if resource_version:
+            body["metadata"]["resourceVersion"] = resource_version
         await self.create(pod_path(namespace, name) + "/binding", body)
 
     # ------------------------------------------------------------------ one try

@@ -10,6 +10,9 @@ A lock is *stale* (anyone may take it over) when
 - it is older than the lock timeout (the legacy owner-less form is judged by this alone);
 - its pod no longer exists, is being deleted, or finished;
 - its pod's allocation ended (``bind-phase`` success or failed), or the pod went elsewhere;
+- its pod is still unbound past the bind window (``bind_window``, the scheduler's
+  ``bind_lock_wait`` plus slack): the bind that took it sends no Binding after its window,
+  so its scheduler died or gave up between the lock and the Binding;
 - its pod made no allocation progress for the allocation timeout: a bind and kubelet's
   ``Allocate`` take seconds, so a pod still allocating that long after the lock (or its
   ``bind-time``, whichever is later) lost its ``Allocate`` and would hold the node until
@@ -47,6 +50,9 @@ OWN_LOCK = "the lock is this pod's own"
 class LockRules:
     timeout: timedelta = DEFAULT_LOCK_TIMEOUT  # scheduler.node_lock_timeout
     allocation_timeout: timedelta = DEFAULT_ALLOCATION_TIMEOUT  # scheduler.allocation_timeout
+    # the longest a bind may take from its lock to its Binding (None: not known, as on the
+    # node agent, which only ever judges locks of bound pods)
+    bind_window: timedelta | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,9 +131,19 @@ def judge_holder(
     moved = _moved_on(pod, node)
     if moved:
         return HolderVerdict(True, moved)
+    bound = (pod.get("spec") or {}).get("nodeName") == node
+    if (
+        not bound
+        and rules.bind_window is not None
+        and older_than(lock.time, now, rules.bind_window)
+    ):
+        return HolderVerdict(
+            True,
+            f"its pod is still unbound {rules.bind_window.total_seconds():g}s after the lock "
+            "(its bind is no longer in flight)",
+        )
     since = progress_since(lock, pod, now, rules)
     if older_than(since, now, rules.allocation_timeout):
-        bound = (pod.get("spec") or {}).get("nodeName") == node
         return HolderVerdict(
             True,
             f"its pod made no allocation progress since {rfc3339(since)} "

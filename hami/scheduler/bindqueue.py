@@ -42,6 +42,10 @@ class BindQueue:
         self._lines: dict[str, _Line] = {}
         self.wakes = 0  # heads woken by a lock change (one per change at most)
 
+    def nodes(self) -> list[str]:
+        """Nodes with binds in line."""
+        return list(self._lines)
+
     def waiting(self, node: str) -> int:
         """Binds in line for ``node``, the one having its turn included."""
         line = self._lines.get(node)

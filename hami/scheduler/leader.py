@@ -269,6 +269,7 @@ async def mirror(elector: LeaderElector, scheduler: Any, period: float = 0.5) ->
     every ``period`` for a leader whose renewals lapsed."""
     while True:
         scheduler.metrics.cluster_gauges = elector.leading
+        scheduler.leadership_changed()
         elector.changed.clear()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(period):

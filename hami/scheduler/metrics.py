@@ -366,7 +366,7 @@ class SchedulerMetrics:
             self.filter_total.labels(outcome)
             self.filter_seconds.labels(outcome)
         self.bind_total.labels("success", "bound")
-        for reason in ("node_locked", "binding", "wrong_node", "error"):
+        for reason in ("node_locked", "binding", "wrong_node", "refused", "standby", "error"):
             self.bind_total.labels("failed", reason)
         for outcome in ("success", "failed"):
             self.bind_seconds.labels(outcome)

@@ -1,0 +1,569 @@
+"""The bind path: per-node queue, node lock, the fenced writes, the Binding, undo.
+
+One pod's way, after filter reserved its devices in memory (``hami.scheduler.service``):
+
+1. wait its turn on the node (``BindQueue``: one bind per node works at a time);
+2. take the node's ``hami.io/mutex.lock`` (a conditional write; a live holder is waited
+   for, a stale one taken over: ``hami.scheduler.locks``);
+3. write the decision, ``bind-time`` and ``bind-phase: allocating`` in one pod write,
+   guarded by the resourceVersion filter saw;
+4. wait until this replica's pod watch shows that write: watch events come in
+   resourceVersion order, so every decision written before it, by any replica, is then
+   in the picture;
+5. check again that the decision fits (``hami.core.fence``) and create the Binding at the
+   resourceVersion checked: the API server binds only the pod exactly as checked.
+
+Every write of steps 2-5 passes ``_fence`` first: it refuses once this replica stops
+leading, once the node or its device type went away, once the bind ran past
+``scheduler.bind_lock_wait``, and, before the Binding, when the decision no longer fits.
+A refusal undoes the bind (the pod is marked ``bind-phase: failed``, our lock released,
+the reservation dropped) and answers kube-scheduler with an error, so it schedules the pod
+again. Two replicas (a split brain), or this one and another HAMi scheduler, can then not
+both bind onto one device more than it holds: the later decision write sees the earlier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import re
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from hami import log
+from hami.config import SchedulerConfig
+from hami.core.cluster import Cluster, PodRecord
+from hami.core.fence import bind_refusal
+from hami.core.requests import PodRequest, RequestError
+from hami.kube.client import Kube
+from hami.kube.objects import annotations_of, metadata_of
+from hami.kube.raw import Conflict, KubeError
+from hami.protocol import NodeLock, keys, parse_lock
+from hami.scheduler.bindqueue import BindQueue, QueueTimeout
+from hami.scheduler.clock import Clock
+from hami.scheduler.locks import EventRef, NodeLocks, holder_words
+from hami.scheduler.metrics import SchedulerMetrics
+
+_log = log.get(__name__)
+
+Json = dict[str, Any]
+# A bind waiting for a node lock reads the Node itself when the watch said nothing for
+# this long (a watch that fell behind must not stall binds until their deadline).
+LOCK_POLL_SECONDS = 2.0
+# Pods filter let through (they ask for no device hami manages): /bind binds only those.
+PASSED_MEMORY = 4096
+_DIGITS = re.compile(r"^\d+$")
+
+STANDBY = (
+    "hami scheduler replica is on standby (another replica leads); kube-scheduler retries the pod"
+)
+
+
+class BindError(Exception):
+    """A bind step failed; the message is what kube-scheduler and the Event show."""
+
+
+class Step(enum.Enum):
+    """The writes of a bind, in order; each passes the fence first."""
+
+    LOCK = "node lock"
+    DECISION = "decision"
+    BINDING = "Binding"
+
+
+def newer_or_same(version: str, target: str) -> bool:
+    """Whether the watch's ``version`` of an object is at or past ``target``. The API
+    server's versions are etcd revisions (decimal, one counter for every object); anything
+    else is compared for equality only."""
+    if _DIGITS.match(version) and _DIGITS.match(target):
+        return int(version) >= int(target)
+    return version == target
+
+
+class Binder:
+    """The bind path of one scheduler replica; ``bind`` is what the extender's /bind calls."""
+
+    def __init__(
+        self,
+        *,
+        settings: SchedulerConfig,
+        cluster: Cluster,
+        kube: Callable[[], Kube],
+        clock: Clock,
+        locks: NodeLocks,
+        metrics: SchedulerMetrics,
+        parse: Callable[[Mapping[str, Any]], PodRequest | None],
+        event_ref: EventRef,
+        leading: Callable[[], bool],
+    ) -> None:
+        self.settings = settings
+        self.cluster = cluster
+        self._kube = kube
+        self.clock = clock
+        self.locks = locks
+        self.metrics = metrics
+        self.parse = parse
+        self._event_ref = event_ref
+        self.leading = leading
+        self.queue = BindQueue()  # binds wait their turn per node
+        self.binding: set[str] = set()  # pods being bound now: their reservation stays
+        # pod key -> (version the bind waits for, the future the watch resolves)
+        self._awaited: dict[str, tuple[str, asyncio.Future[bool]]] = {}
+        # decisions written on pods this replica has since reserved again (maybe elsewhere):
+        # another replica may still bind them, so the fence counts them too
+        self.shadows: dict[str, PodRecord] = {}
+        self._passed: OrderedDict[str, None] = OrderedDict()  # uids filter let through
+
+    # ------------------------------------------------------------------ from the watches
+
+    def pod_event(self, kind: str, key: str, obj: Mapping[str, Any]) -> None:
+        """Every pod event the scheduler keeps (after the cluster took it)."""
+        awaited = self._awaited.get(key)
+        if awaited is not None and not awaited[1].done():
+            version = str(metadata_of(obj).get("resourceVersion") or "")
+            if kind == "DELETED":
+                awaited[1].set_result(False)
+            elif newer_or_same(version, awaited[0]):
+                awaited[1].set_result(True)
+        current = self.cluster.pods.get(key)
+        if kind == "DELETED" or current is None or not current.reserved:
+            self.shadows.pop(key, None)
+            return
+        written, _ = self.cluster.pod_record(obj)
+        if written is not None and (written.node, written.usage) != (current.node, current.usage):
+            self.shadows[key] = written
+        else:
+            self.shadows.pop(key, None)
+
+    def passed_through(self, uid: str) -> None:
+        """Filter let this pod through (no hami device): its bind needs no lock."""
+        self._passed[uid] = None
+        self._passed.move_to_end(uid)
+        while len(self._passed) > PASSED_MEMORY:
+            self._passed.popitem(last=False)
+
+    def stand_down(self) -> None:
+        """This replica stopped leading: wake every bind waiting on a node lock, so each
+        meets the fence now instead of after its next lock poll."""
+        for node in self.queue.nodes():
+            self.queue.changed(node)
+
+    # ------------------------------------------------------------------ the entry
+
+    async def bind(self, body: Mapping[str, Any]) -> Json:
+        """``ExtenderBindingArgs`` (keys lower-cased) -> ``ExtenderBindingResult``."""
+        if not self.leading():
+            return {"Error": STANDBY}
+        started = self.clock.monotonic()
+        namespace = str(body.get("podnamespace") or "default")
+        name = str(body.get("podname") or "")
+        uid = str(body.get("poduid") or "") or None
+        node = str(body.get("node") or "")
+        key = f"{namespace}/{name}"
+        outcome, reason = "failed", "error"
+        try:
+            if not name or not node:
+                raise BindError("hami bind: PodName and Node are required")
+            await self._bind(namespace, name, uid, node)
+            outcome, reason = "success", "bound"
+            self._event_ref(
+                namespace, name, uid, "BindingSucceed", f"bound to node {node}", "Normal"
+            )
+            return {"Error": ""}
+        except BindError as exc:
+            reason = bind_reason(str(exc))
+            _log.warning("bind failed", pod=key, node=node, error=str(exc))
+            self._event_ref(namespace, name, uid, "BindingFailed", str(exc), "Warning")
+            return {"Error": str(exc)}
+        except Exception as exc:
+            _log.exception("bind failed", pod=key, node=node)
+            self._event_ref(namespace, name, uid, "BindingFailed", repr(exc), "Warning")
+            return {"Error": f"hami bind: {exc!r}"}
+        finally:
+            self.metrics.bind_total.labels(outcome, reason).inc()
+            self.metrics.bind_seconds.labels(outcome).observe(self.clock.monotonic() - started)
+
+    async def _bind(self, namespace: str, name: str, uid: str | None, node: str) -> None:
+        key = f"{namespace}/{name}"
+        record = self.cluster.pods.get(key)
+        if record is None and key not in self.cluster.lapsed:
+            record = await self._unplaced(namespace, name, uid, node)
+            if record is None:
+                return  # not a pod hami places: bound without the lock
+        if record is None:
+            raise BindError(
+                f"hami bind: the decision for pod {key} is older than "
+                f"scheduler.decision_timeout ({self.settings.decision_timeout.seconds:g}s) and "
+                "no longer holds its devices; the pod will be scheduled again"
+            )
+        if record.node != node:
+            raise BindError(
+                f"hami bind: pod {key} was placed on node {record.node} by filter, not {node}"
+            )
+        wait = self.settings.bind_lock_wait.seconds
+        deadline = self.clock.monotonic() + wait
+        self.binding.add(key)  # its reservation must not expire while it waits
+        written: str | None = None  # the pod's resourceVersion after our write
+        try:
+            # One bind per node at a time; its turn ends with the Binding (the next one
+            # then waits for the node agent to release the lock after Allocate).
+            async with self.queue.turn(node, wait):
+                try:
+                    await self._take_lock(node, namespace, name, record, deadline)
+                    self._fence(Step.DECISION, key, record, deadline)
+                    answer = await self._write_decision(namespace, name, uid, record)
+                    written = str(metadata_of(answer).get("resourceVersion") or "") or None
+                    await self._bind_checked(namespace, name, uid, record, written, deadline)
+                except BaseException as exc:
+                    await self.undo(namespace, name, node, record, written)
+                    if isinstance(exc, KubeError):
+                        raise BindError(f"hami bind: pod {key} on node {node}: {exc}") from exc
+                    raise
+        except QueueTimeout as exc:
+            await self.undo(namespace, name, node, record, None)
+            raise BindError(
+                f"hami bind: node {node} is busy: {exc.ahead} bind(s) queued before pod {key} "
+                f"did not finish within scheduler.bind_lock_wait ({wait:g}s); each waits for "
+                "the node agent to release the node lock after the previous pod's allocation"
+            ) from None
+        finally:
+            self.binding.discard(key)
+
+    # ------------------------------------------------------------------ the fence
+
+    def _fence(
+        self, step: Step, key: str, record: PodRecord, deadline: float, *, fit: bool = False
+    ) -> None:
+        """The one place that decides whether this bind may still make its next write."""
+        node = record.node
+        if not self.leading():
+            raise BindError(
+                f"hami bind: this scheduler replica stopped leading before the {step.value} "
+                f"write of pod {key}; nothing more is written, kube-scheduler retries the pod"
+            )
+        if self.clock.monotonic() > deadline:
+            raise BindError(
+                f"hami bind: pod {key} on node {node} was not bound within "
+                f"scheduler.bind_lock_wait ({self.settings.bind_lock_wait.seconds:g}s); "
+                "kube-scheduler retries the pod"
+            )
+        refusal = bind_refusal(
+            self.cluster, key, record, fit=fit, shadows=list(self.shadows.values())
+        )
+        if refusal is not None:
+            raise BindError(
+                f"hami bind: pod {key} not bound to node {node} (before the {step.value} "
+                f"write): {refusal}; kube-scheduler schedules it again"
+            )
+
+    async def _bind_checked(
+        self,
+        namespace: str,
+        name: str,
+        uid: str | None,
+        record: PodRecord,
+        version: str | None,
+        deadline: float,
+    ) -> None:
+        """Steps 4 and 5: once the watch shows the pod at ``version``, check the fit and
+        bind exactly that version of the pod."""
+        key = f"{namespace}/{name}"
+        for _ in range(3):
+            if version is None:
+                raise BindError(f"hami bind: pod {key} has no resourceVersion")
+            await self._seen(key, version, deadline)
+            self._fence(Step.BINDING, key, record, deadline, fit=True)
+            try:
+                await self._kube().bind_pod(
+                    namespace, name, uid, record.node, resource_version=version
+                )
+                return
+            except Conflict:
+                version = await self._still_ours(namespace, name, record)
+            except KubeError as exc:
+                raise BindError(f"hami bind: creating the Binding of {key} failed: {exc}") from exc
+        raise BindError(f"hami bind: pod {key} kept changing; it was not bound")
+
+    async def _still_ours(self, namespace: str, name: str, record: PodRecord) -> str:
+        """After a Binding conflict: the pod's new version if it is unbound and still
+        carries this decision; otherwise a ``BindError``."""
+        key = f"{namespace}/{name}"
+        try:
+            pod = await self._kube().get_pod(namespace, name)
+        except KubeError as exc:
+            raise BindError(f"hami bind: reading pod {key} failed: {exc}") from exc
+        bound = str((pod.get("spec") or {}).get("nodeName") or "")
+        if bound:
+            raise BindError(f"hami bind: pod {key} is already bound to node {bound}")
+        now, _ = self.cluster.pod_record(pod)
+        if now is None or (now.node, now.usage) != (record.node, record.usage):
+            raise BindError(f"hami bind: pod {key}'s decision was rewritten meanwhile")
+        return str(metadata_of(pod).get("resourceVersion") or "")
+
+    async def _seen(self, key: str, version: str, deadline: float) -> None:
+        """Wait until the pod watch shows ``key`` at ``version`` or later."""
+        if key in self._awaited:
+            raise BindError(f"hami bind: pod {key} is being bound already")
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._awaited[key] = (version, future)
+        try:
+            async with asyncio.timeout(max(deadline - self.clock.monotonic(), 0.0)):
+                alive = await future
+        except TimeoutError:
+            raise BindError(
+                f"hami bind: the pod watch did not show pod {key}'s decision before the bind's "
+                f"deadline (scheduler.bind_lock_wait); kube-scheduler retries the pod"
+            ) from None
+        finally:
+            self._awaited.pop(key, None)
+        if not alive:
+            raise BindError(f"hami bind: pod {key} was deleted while being bound")
+
+    # ------------------------------------------------------------------ pod writes
+
+    async def _unplaced(
+        self, namespace: str, name: str, uid: str | None, node: str
+    ) -> PodRecord | None:
+        """A bind with no record in memory (rare: a restart between filter and bind, an
+        expired reservation, or a pod that asks for no hami device). The pod is read once:
+        one that asks for no device is bound here without the lock (None) if it is this
+        scheduler's and its filter let it through; one with a decision written before
+        counts as usual; a device pod without one fails, since nothing was reserved."""
+        key = f"{namespace}/{name}"
+        try:
+            pod = await self._kube().get_pod(namespace, name)
+        except KubeError as exc:
+            raise BindError(f"hami bind: reading pod {key} failed: {exc}") from exc
+        try:
+            request = self.parse(pod)
+        except RequestError as exc:
+            raise BindError(f"hami bind: pod {key}: {exc}") from exc
+        if request is None:
+            self._check_passthrough(pod, key)
+            if not self.leading():
+                raise BindError(STANDBY)
+            await self._create_binding(namespace, name, uid, node)
+            return None
+        self.cluster.upsert_pod(pod, self.clock.now())  # the watch may not have shown it yet
+        record = self.cluster.pods.get(key)
+        if record is None or record.reserved:
+            raise BindError(
+                f"hami bind: no reservation for pod {key}: the scheduler restarted or the "
+                "reservation expired after scheduler.reservation_timeout "
+                f"({self.settings.reservation_timeout.seconds:g}s); kube-scheduler will "
+                "schedule it again"
+            )
+        return record
+
+    def _check_passthrough(self, pod: Mapping[str, Any], key: str) -> None:
+        """A pod without hami devices is bound only if it names this scheduler and this
+        replica's filter saw it: /bind is no general-purpose binder."""
+        wanted = self.settings.scheduler_name
+        named = str((pod.get("spec") or {}).get("schedulerName") or "default-scheduler")
+        if named != wanted:
+            raise BindError(
+                f"hami bind: pod {key} asks for no hami device and names scheduler {named!r}, "
+                f"not {wanted!r} (scheduler.scheduler_name); it is not bound here"
+            )
+        uid = str(metadata_of(pod).get("uid") or "")
+        if uid not in self._passed:
+            raise BindError(
+                f"hami bind: pod {key} asks for no hami device and this scheduler's filter "
+                "did not pass it (a restart in between, or a bind sent directly); "
+                "kube-scheduler retries it"
+            )
+
+    async def _write_decision(
+        self, namespace: str, name: str, uid: str | None, record: PodRecord
+    ) -> Json:
+        """The bind's pod write, only on a pod that is not bound yet: a pod bound meanwhile
+        (a Binding whose answer was lost in an API outage went through after all) may
+        already run with the decision it had, and overwriting it would hand its devices
+        out twice. The write is guarded by the resourceVersion filter saw; after a
+        Conflict the pod is read, and written at its new version only while unbound."""
+        key = f"{namespace}/{name}"
+        patch = self._bind_annotations(record)
+        version = record.pod_version
+        for _ in range(3):
+            if version is None:
+                try:
+                    pod = await self._kube().get_pod(namespace, name)
+                except KubeError as exc:
+                    raise BindError(f"hami bind: reading pod {key} failed: {exc}") from exc
+                bound = str((pod.get("spec") or {}).get("nodeName") or "")
+                current_uid = str(metadata_of(pod).get("uid") or "")
+                if bound:
+                    raise BindError(
+                        f"hami bind: pod {key} is already bound to node {bound}; its decision "
+                        "is left as it is"
+                    )
+                if uid and current_uid and current_uid != uid:
+                    raise BindError(f"hami bind: pod {key} was replaced (uid {current_uid})")
+                version = str(metadata_of(pod).get("resourceVersion") or "") or None
+                if version is None:
+                    raise BindError(f"hami bind: pod {key} has no resourceVersion")
+            try:
+                return await self._kube().patch_pod_annotations(
+                    namespace, name, patch, resource_version=version
+                )
+            except Conflict:
+                version = None  # changed since filter saw it: read it and look again
+        raise BindError(f"hami bind: pod {key} kept changing; its decision was not written")
+
+    def _bind_annotations(self, record: PodRecord) -> dict[str, str | None]:
+        """The one pod write of a bind: the decision (unless written before), bind-time and
+        bind-phase allocating (protocol.md section 3), before the Binding."""
+        now = str(int(self.clock.now().timestamp()))
+        patch: dict[str, str | None] = {}
+        if record.decision is not None:
+            patch.update(record.decision)
+            patch[keys.VGPU_TIME] = now  # the decision's deadline runs from its write
+        patch[keys.BIND_TIME] = now
+        patch[keys.BIND_PHASE] = str(keys.BindPhase.ALLOCATING)
+        return patch
+
+    async def _create_binding(self, namespace: str, name: str, uid: str | None, node: str) -> None:
+        try:
+            await self._kube().bind_pod(namespace, name, uid, node)
+        except KubeError as exc:
+            raise BindError(
+                f"hami bind: creating the Binding of {namespace}/{name} failed: {exc}"
+            ) from exc
+
+    async def undo(
+        self, namespace: str, name: str, node: str, record: PodRecord, written: str | None
+    ) -> None:
+        """Mark the pod failed, release our lock and drop its reservation (best effort;
+        these writes only give back, so they pass no fence).
+
+        The pod is marked ``bind-phase: failed`` only when this bind wrote it (``written``:
+        the resourceVersion our write left), and only if nothing changed it since: a
+        Binding that went through although its answer was lost, or a later bind of the
+        same pod (kube-scheduler retries while a slow undo still waits for the API
+        server), must not be failed by it; the lock then stays too (the node agent
+        releases it after that pod's Allocate, or the lock rules take it over). Before our
+        write the pod holds nothing of ours.
+        """
+        key = f"{namespace}/{name}"
+        kube = self._kube()
+        changed = False  # the pod changed since our write
+        if written is not None:
+            try:
+                await kube.patch_pod_annotations(
+                    namespace,
+                    name,
+                    {keys.BIND_PHASE: str(keys.BindPhase.FAILED)},
+                    resource_version=written,
+                )
+            except Conflict:
+                _log.info("pod changed since this bind wrote it: left as it is", pod=key)
+                changed = True
+            except KubeError as exc:
+                _log.info("pod not marked failed", pod=key, reason=str(exc))
+        if not changed:
+            with contextlib.suppress(KubeError):
+                current = await kube.get_node(node)
+                meta = metadata_of(current)
+                lock = parse_lock(annotations_of(current).get(keys.NODE_LOCK))
+                if lock is not None and (lock.namespace, lock.pod) == (namespace, name):
+                    await kube.patch_node_annotations(
+                        node,
+                        {keys.NODE_LOCK: None},
+                        resource_version=str(meta.get("resourceVersion") or "") or None,
+                    )
+        if self.cluster.pods.get(key) == record:
+            self.cluster.release(key)
+
+    # ------------------------------------------------------------------ the node lock
+
+    async def _take_lock(
+        self, node: str, namespace: str, name: str, record: PodRecord, deadline: float
+    ) -> None:
+        """Set ``hami.io/mutex.lock`` for this pod; the caller has the node's turn
+        (``queue``). A conditional write at the resourceVersion the Node watch last
+        showed; the Node is read only after a Conflict, when the watch has not yet shown
+        our previous lock write, or when it said nothing for ``LOCK_POLL_SECONDS``. While
+        another pod holds the lock, wait (until ``deadline``) for the watch to show a
+        change: each change wakes this bind alone. Every write passes the fence."""
+        key = f"{namespace}/{name}"
+        wait = self.settings.bind_lock_wait.seconds
+        read: Json | None = None  # the Node as just read: newer than the watch's copy
+        while True:
+            self._fence(Step.LOCK, key, record, deadline)
+            mark = self.queue.generation(node)
+            state = self.cluster.nodes.get(node)
+            if read is None and (state is None or not state.exists):
+                read = await self._read_node(node)
+            if read is not None:
+                value = annotations_of(read).get(keys.NODE_LOCK)
+                version = str(metadata_of(read).get("resourceVersion") or "")
+                read = None
+            elif node in self.locks.writes:
+                # The watch's copy predates our last lock write here: wait for it to catch
+                # up (it then shows that lock, held until the node agent's release).
+                remaining = max(deadline - self.clock.monotonic(), 0.0)
+                if not await self.queue.wait_change(node, mark, min(remaining, LOCK_POLL_SECONDS)):
+                    read = await self._read_node(node)
+                continue
+            else:
+                assert state is not None
+                value, version = state.lock, state.resource_version
+            holder = await self.locks.live_holder(value, node, namespace, name)
+            if holder is not None:
+                remaining = deadline - self.clock.monotonic()
+                if remaining <= 0:
+                    raise BindError(
+                        f"hami bind: node {node} is locked by {holder_words(holder)} "
+                        f"(since {holder.time:%Y-%m-%dT%H:%M:%SZ}) and it was not released "
+                        f"within {wait:g}s; the node agent releases it after the pod's "
+                        "allocation"
+                    )
+                if not await self.queue.wait_change(node, mark, min(remaining, LOCK_POLL_SECONDS)):
+                    read = await self._read_node(node)  # the watch said nothing: look
+                continue
+            self._fence(Step.LOCK, key, record, deadline)
+            lock = NodeLock(self.clock.now(), namespace, name).encode()
+            try:
+                written = await self._kube().patch_node_annotations(
+                    node, {keys.NODE_LOCK: lock}, resource_version=version or None
+                )
+            except Conflict:
+                if self.clock.monotonic() > deadline:
+                    raise BindError(
+                        f"hami bind: node {node} kept changing; lock not taken"
+                    ) from None
+                read = await self._read_node(node)
+                continue
+            except KubeError as exc:
+                raise BindError(f"hami bind: locking node {node} failed: {exc}") from exc
+            version = str(metadata_of(written).get("resourceVersion") or "")
+            seen = self.cluster.nodes.get(node)
+            self.locks.wrote(
+                node, version, lock, (seen.resource_version, seen.lock) if seen else ("", None)
+            )
+            return
+
+    async def _read_node(self, node: str) -> Json:
+        try:
+            current = await self._kube().get_node(node)
+        except KubeError as exc:
+            raise BindError(f"hami bind: reading node {node} failed: {exc}") from exc
+        self.locks.writes.pop(node, None)  # what we read is newer than our last write
+        return current
+
+
+def bind_reason(message: str) -> str:
+    """The ``hami_bind`` reason label of a failed bind's message."""
+    if "is locked by" in message or "is busy" in message:
+        return "node_locked"  # waited for the node lock, held or queued for
+    if "stopped leading" in message or "on standby" in message:
+        return "standby"
+    if "not bound to node" in message:
+        return "refused"  # the fence: node gone, type unavailable, no longer fits
+    if "Binding" in message:
+        return "binding"
+    if "placed on node" in message:
+        return "wrong_node"
+    return "error"
