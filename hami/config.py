@@ -152,6 +152,10 @@ class SchedulerConfig:
     # Enforce ResourceQuota limits.<device memory/cores resource> (hami.core.quota), as Go
     # HAMi does; needs get/list/watch on resourcequotas.
     resource_quotas: bool = True
+    # Devices the webhook gives a container that names only a device's memory, percentage or
+    # cores (Go HAMi's nvidia.defaultGPUNum): without the count resource kubelet never calls
+    # the device plugin and the container would run with no limits at all.
+    default_device_count: int = 1
     http: HttpConfig = HttpConfig(port=9395)  # /healthz, /readyz, /metrics
     extender: ExtenderConfig = ExtenderConfig()
     webhook: WebhookConfig = WebhookConfig()
@@ -340,6 +344,12 @@ def _check(config: Config) -> None:
             "keep it well above bind_lock_wait plus kube-scheduler's extender httpTimeout"
         )
     _check_webhook_and_election(config.scheduler)
+    if config.scheduler.default_device_count < 1:
+        raise ConfigError(
+            "config key scheduler.default_device_count: expected an integer >= 1 (a container "
+            "that names only memory or cores must get a device count, or kubelet never "
+            "calls the device plugin and no limit applies)"
+        )
     if config.scheduler.reservation_timeout.seconds < config.scheduler.bind_lock_wait.seconds:
         raise ConfigError(
             "config key scheduler.reservation_timeout: must be at least "

@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 from _core_helpers import MLU, NVIDIA
+from _jsonpatch import apply_patch
 from aiohttp import web
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -23,9 +24,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from hami import config
+from hami.core.requests import parse_pod
 from hami.kube.client import Kube
 from hami.kube.raw import KubeError
 from hami.scheduler.http import build_app
+from hami.scheduler.role import device_kinds
 from hami.scheduler.service import Scheduler
 from hami.scheduler.webhook import ReloadingTLS, WebhookTLSError, review
 
@@ -90,9 +93,14 @@ def test_default_scheduler_is_replaced_other_kept_and_init_paths() -> None:
         )
     )
     assert ops == [{"op": "add", "path": "/spec/schedulerName", "value": "mine"}]
-    ops = patch_of(
-        review(admission(pod({"nvidia.com/gpu": "2"}, "volcano", init=True)), [NVIDIA], "mine")
-    )
+    # another scheduler's pod is left as it is, as Go HAMi leaves it (not even judged)
+    for limits in ({"nvidia.com/gpu": "2"}, {"nvidia.com/gpumem": "10"}):
+        body = admission(pod(limits, "volcano", init=True))
+        assert patch_of(review(body, [NVIDIA], "mine")) == []
+    body = admission(pod({"nvidia.com/gpucores": "150"}, "volcano"))
+    assert patch_of(review(body, [NVIDIA], "mine")) == []
+    # hami's own name, set by the pod: kept, and the defaults are filled
+    ops = patch_of(review(admission(pod({"nvidia.com/gpu": "2"}, "mine")), [NVIDIA], "mine"))
     assert ops == [
         {
             "op": "add",
@@ -103,6 +111,60 @@ def test_default_scheduler_is_replaced_other_kept_and_init_paths() -> None:
     # MLU: absent vcore already means the whole card; nothing to add
     ops = patch_of(review(admission(pod({"cambricon.com/vmlu": "1"})), [MLU], "mine"))
     assert ops == [{"op": "add", "path": "/spec/schedulerName", "value": "mine"}]
+
+
+def stored_after(body: dict[str, Any], kinds: list[Any]) -> dict[str, Any]:
+    """The pod after the webhook's patch."""
+    return apply_patch(body, patch_of(review(admission(body), kinds, "hami-scheduler")))
+
+
+def test_share_without_count_gets_the_configured_count() -> None:
+    """Memory, percentage or cores alone: without the count kubelet never calls Allocate and
+    the container runs with no HAMi-core limit at all (Go HAMi's defaultGPUNum)."""
+    kinds = device_kinds(config.from_mapping({}, env={}))
+    for share in (
+        {"nvidia.com/gpumem": "3000"},
+        {"nvidia.com/gpumem-percentage": "50"},
+        {"nvidia.com/gpucores": "30"},
+    ):
+        body = pod(share)
+        body["spec"]["containers"][0]["resources"]["requests"] = dict(share)
+        limits_and_requests = stored_after(body, kinds)["spec"]["containers"][0]["resources"]
+        for section in ("limits", "requests"):
+            assert limits_and_requests[section] == {**share, "nvidia.com/gpu": "1"}, share
+    # the same in an init container; the count-only container beside it gets whole cores
+    body = pod({"nvidia.com/gpu": "1"})
+    body["spec"]["initContainers"] = [{"name": "i", "resources": {"limits": dict(share)}}]
+    after = stored_after(body, kinds)["spec"]
+    assert after["initContainers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert after["containers"][0]["resources"]["limits"]["nvidia.com/gpucores"] == "100"
+    # configurable; the scheduler reads a count-less request the same way
+    cfg = config.from_mapping({"scheduler": {"default_device_count": 2}}, env={})
+    kinds = device_kinds(cfg)
+    after = stored_after(pod({"nvidia.com/gpumem": "1000"}), kinds)
+    assert after["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    request = parse_pod(pod({"nvidia.com/gpumem": "1000"}), kinds)
+    assert request is not None and request.containers[0][0].count == 2
+    with pytest.raises(config.ConfigError, match=r"scheduler\.default_device_count"):
+        config.from_mapping({"scheduler": {"default_device_count": 0}}, env={})
+
+
+def test_whole_memory_percentage_is_exclusive_and_priority_reaches_the_env() -> None:
+    kinds = device_kinds(config.from_mapping({}, env={}))
+    full = {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "100"}
+    limits = stored_after(pod(full), kinds)["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {**full, "nvidia.com/gpucores": "100"}
+    half = {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50"}
+    assert stored_after(pod(half), kinds)["spec"]["containers"][0]["resources"]["limits"] == half
+    body = pod({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10", "nvidia.com/priority": "1"})
+    assert stored_after(body, kinds)["spec"]["containers"][0]["env"] == [
+        {"name": "CUDA_TASK_PRIORITY", "value": "1"}
+    ]
+    body["spec"]["containers"][0]["env"] = [{"name": "A", "value": "b"}]
+    assert stored_after(body, kinds)["spec"]["containers"][0]["env"] == [
+        {"name": "A", "value": "b"},
+        {"name": "CUDA_TASK_PRIORITY", "value": "1"},
+    ]
 
 
 def test_unmanaged_pods_are_untouched() -> None:

@@ -2,7 +2,9 @@
 
 Pure. The rules (protocol.md section 3):
 
-- ``count`` devices per container; memory, percentage or cores without a count mean one;
+- ``count`` devices per container; memory, percentage or cores without a count mean the
+  kind's ``default_count`` (1; ``scheduler.default_device_count``), which the webhook
+  writes into the container so that kubelet calls the device plugin;
 - memory in the backend's unit (``memory_unit_mib``: Cambricon counts 256 MiB units);
 - no memory and no percentage means 100 % of each device's memory;
 - absent cores take the backend's ``default_cores`` (0 for NVIDIA: no core share asked;
@@ -59,6 +61,9 @@ class DeviceKind:
     # Node keys of the type's heartbeat, the backend's own first (protocol.md §1, §2);
     # empty: the protocol's keys for the type word (NVIDIA: also hami.io/node-handshake).
     handshake_keys: tuple[str, ...] = ()
+    # Devices a container gets when it names only memory, percentage or cores (Go HAMi's
+    # ``defaultGPUNum``); the webhook adds it as the count resource.
+    default_count: int = 1
 
     def heartbeat_keys(self) -> tuple[str, ...]:
         return self.handshake_keys or keys.handshake_keys(self.type_word)
@@ -284,7 +289,7 @@ def parse_device_request(
     percentage = number(names.memory_percentage)
     cores = number(names.cores)
     if count is None:
-        count = 1
+        count = kind.default_count
     if count == 0 and names.count in present:
         return None  # explicitly zero devices: no request
     if count < 0:

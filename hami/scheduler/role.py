@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import signal
 from collections.abc import Callable, Coroutine, Sequence
@@ -59,7 +60,9 @@ def device_kinds(cfg: config.Config) -> list[DeviceKind]:
     kinds: dict[str, DeviceKind] = {}
     for name, section in cfg.enabled_backends().items():
         backend = registry.create(name, section.settings(name))
-        kind = DeviceKind.from_backend(backend)
+        kind = dataclasses.replace(
+            DeviceKind.from_backend(backend), default_count=cfg.scheduler.default_device_count
+        )
         if kind.type_word in kinds:
             _log.warning(
                 "two enabled backends share a device type; keeping the first",

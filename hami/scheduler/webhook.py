@@ -13,10 +13,17 @@ For a pod that asks for a resource hami manages, it also
 - denies a pod that sets ``spec.nodeName`` (it would bypass the scheduler and its
   reservation) and a privileged container asking for a shared device (it sees every
   device of the node, so its share cannot be enforced), saying what to fix;
-- sets ``spec.schedulerName`` to hami's scheduler, unless a non-default scheduler is set;
-- fills defaults: a count-only request (no memory, percentage or cores) gets the
-  backend's cores resource at 100, the whole device;
+- leaves it as it is (but for the removal above) when it names another scheduler than the
+  default or hami's, as Go HAMi does;
+- sets ``spec.schedulerName`` to hami's scheduler;
+- fills what Go HAMi's webhook fills, so that pods written for Go HAMi run the same here:
+  the count (``scheduler.default_device_count``, 1) for a container that names only
+  memory, percentage or cores; cores ``100`` (the whole device) for a count with neither
+  memory nor cores, or with ``gpumem-percentage: 100``; ``CUDA_TASK_PRIORITY`` in the env of
+  a container with a ``nvidia.com/priority`` limit;
 - denies a request the scheduler could never accept, saying what to fix.
+
+docs/interop.md "Webhook" lists where it still differs from Go HAMi's, and why.
 """
 
 from __future__ import annotations
@@ -29,7 +36,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hami import log
-from hami.core.requests import DeviceKind, RequestError, asks_for, parse_pod
+from hami.backends.hamicore import TASK_PRIORITY_ENV
+from hami.core.requests import (
+    DeviceKind,
+    RequestError,
+    asks_for,
+    container_resources,
+    parse_pod,
+    parse_quantity,
+)
 from hami.protocol import keys
 from hami.protocol.objects import annotations_of, pod_containers
 
@@ -96,6 +111,13 @@ def _strip_ops(forged: Sequence[str]) -> list[dict[str, Any]]:
     return [{"op": "remove", "path": f"/metadata/annotations/{_escape(k)}"} for k in forged]
 
 
+def for_hami(pod: Mapping[str, Any], scheduler_name: str) -> bool:
+    """Whether the pod is left to hami's scheduler: no scheduler named, the default one
+    (replaced, as Go HAMi's ``--force-overwrite-default-scheduler`` does) or hami's."""
+    current = (pod.get("spec") or {}).get("schedulerName")
+    return not current or current in (DEFAULT_SCHEDULER, scheduler_name)
+
+
 def mutations(
     pod: Mapping[str, Any], kinds: Sequence[DeviceKind], scheduler_name: str
 ) -> list[dict[str, Any]]:
@@ -107,41 +129,110 @@ def mutations(
     containers, init_count = pod_containers(pod)
     if not any(asks_for(c, kinds) for c in containers):
         return ops
+    if not for_hami(pod, scheduler_name):
+        # Another scheduler's pod is not hami's to fill in or judge (Go HAMi leaves it as is).
+        return ops
     _check_placement(pod, kinds)
     parse_pod(pod, kinds)  # raises RequestError with what to fix
-    spec = pod.get("spec") or {}
-    current = spec.get("schedulerName")
-    if not current or current == DEFAULT_SCHEDULER:
+    if (pod.get("spec") or {}).get("schedulerName") != scheduler_name:
         ops.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler_name})
     for position, container in enumerate(containers):
         if position < init_count:
-            base = f"/spec/initContainers/{position}/resources"
+            base = f"/spec/initContainers/{position}"
         else:
-            base = f"/spec/containers/{position - init_count}/resources"
-        ops += _default_cores(container, base, kinds)
+            base = f"/spec/containers/{position - init_count}"
+        ops += container_defaults(container, base, kinds)
     return ops
 
 
-def _default_cores(
+def container_defaults(
     container: Mapping[str, Any], base: str, kinds: Sequence[DeviceKind]
 ) -> list[dict[str, Any]]:
-    """A count-only request gets the whole device's cores."""
-    ops: list[dict[str, Any]] = []
+    """What Go HAMi's webhook fills into one container (``base`` is its JSON pointer)."""
     resources = container.get("resources") or {}
+    sections = {s: dict(resources.get(s) or {}) for s in ("limits", "requests")}
+    ops: list[dict[str, Any]] = []
+    env: list[dict[str, str]] = []
     for kind in kinds:
-        names = kind.resources
-        if names.cores is None or kind.default_cores >= 100:
+        added = defaults(container_resources(container), kind)
+        for name, value in added.items():
+            ops += _add_resource(base, sections, name, value)
+        priority = task_priority(container, kind)
+        if priority is not None:
+            env.append({"name": TASK_PRIORITY_ENV, "value": priority})
+    if env and container.get("env"):
+        ops += [{"op": "add", "path": f"{base}/env/-", "value": item} for item in env]
+    elif env:
+        ops.append({"op": "add", "path": f"{base}/env", "value": env})
+    return ops
+
+
+def defaults(resources: Mapping[str, Any], kind: DeviceKind) -> dict[str, str]:
+    """The resources of ``kind`` to add to a container asking for ``resources``:
+
+    - the count (``kind.default_count``) when only memory, percentage or cores are named:
+      kubelet calls the device plugin only for a container that names its resource, and
+      without that call HAMi-core sets no limit at all;
+    - cores ``100`` (the whole device) when the count is named without cores and without
+      memory, or with ``memory percentage: 100``: such a container asked for the whole device.
+    """
+    names = kind.resources
+    added: dict[str, str] = {}
+    share = (names.memory, names.memory_percentage, names.cores)
+    has_count = names.count in resources
+    if not has_count and any(name and name in resources for name in share):
+        added[names.count] = str(kind.default_count)
+        has_count = True
+    if not has_count or names.cores is None or names.cores in resources:
+        return added
+    if kind.default_cores >= 100:
+        return added  # absent cores already mean the whole device
+    percentage = names.memory_percentage
+    if percentage and percentage in resources:
+        exclusive = _quantity(resources[percentage]) == 100
+    else:
+        exclusive = not (names.memory and names.memory in resources)
+    if exclusive:
+        added[names.cores] = "100"
+    return added
+
+
+def task_priority(container: Mapping[str, Any], kind: DeviceKind) -> str | None:
+    """``CUDA_TASK_PRIORITY`` for the container's priority limit, or None. Go HAMi's webhook
+    writes it into the container (its device plugin does not), this project's node agent
+    into its Allocate answer: the webhook writes it too, so either agent's node applies it."""
+    name = kind.priority_resource
+    limits = (container.get("resources") or {}).get("limits") or {}
+    if not name or name not in limits:
+        return None
+    value = _quantity(limits[name])
+    return None if value is None else str(value)
+
+
+def _quantity(value: Any) -> int | None:
+    try:
+        return parse_quantity(value)
+    except ValueError:
+        return None  # parse_pod refused it already
+
+
+def _add_resource(
+    base: str,
+    sections: dict[str, dict[str, Any]],
+    name: str,
+    value: str,
+) -> list[dict[str, Any]]:
+    """Add ``name: value`` to limits, and to requests when the container has requests (the
+    API server copies limits into absent requests, so both stay equal either way)."""
+    ops: list[dict[str, Any]] = []
+    for section in ("limits", "requests"):
+        if section == "requests" and not sections["requests"]:
             continue
-        for section in ("limits", "requests"):
-            values = resources.get(section) or {}
-            if names.count not in values:
-                continue
-            extra = (names.memory, names.memory_percentage, names.cores)
-            if any(name and name in values for name in extra):
-                continue
-            ops.append(
-                {"op": "add", "path": f"{base}/{section}/{_escape(names.cores)}", "value": "100"}
-            )
+        if not sections[section]:
+            ops.append({"op": "add", "path": f"{base}/resources/{section}", "value": {}})
+        path = f"{base}/resources/{section}/{_escape(name)}"
+        ops.append({"op": "add", "path": path, "value": value})
+        sections[section][name] = value
     return ops
 
 
@@ -187,6 +278,7 @@ def _answer(
         )
         _log.warning("forged decision annotations removed", pod=_pod_ref(pod), keys=forged)
     managed = any(asks_for(c, kinds) for c in pod_containers(pod)[0])
+    managed = managed and for_hami(pod, scheduler_name)
     request = parse_pod(pod, kinds) if managed else None  # parsed fine in mutations()
     if request is not None:
         # A policy or weights value not understood: admitted, scheduled by the default.
