@@ -168,7 +168,8 @@ def test_pods_before_nodes_and_malformed_allocations() -> None:
     two_nodes(c)
     assert c.usage_snapshot() == {"a": {"GPU-a0": (1, 9000, 0)}}
     d = c.decide(req(gpu(mem=2000), annotations={"nvidia.com/use-gpuuuid": "GPU-a0"}), ["a"])
-    assert d.failed == {"a": "1/2 CardInsufficientMemory, 1/2 CardUuidMismatch"}
+    # the unreadable value names GPU-a0: held whole (fails closed), not "costs nothing"
+    assert d.failed == {"a": "1/2 CardTimeSlicingExhausted, 1/2 CardUuidMismatch"}
 
 
 def test_restart_rebuilds_same_usage() -> None:

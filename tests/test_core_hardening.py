@@ -164,7 +164,9 @@ def test_a_negative_decision_never_adds_room_to_a_device() -> None:
     assert c.usage_snapshot() == {"a": {"GPU-a0": (1, 40960, 0)}}
     decision = c.decide(request(mem=20000))
     assert decision.node is None
-    assert "CardInsufficientMemory" in decision.failed["a"]
+    # the rejected value names GPU-a0, so the pod holds it whole (an unreadable decision
+    # fails closed): full, never room added
+    assert decision.failed["a"] == "1/1 CardTimeSlicingExhausted"
 
 
 def test_an_over_committed_device_is_full_not_negative_room() -> None:

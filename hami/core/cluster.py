@@ -104,6 +104,10 @@ class NodeState:
     exists: bool = True  # False: only pods name it (the Node is not known)
     utilisation: float = 0.0  # mean device utilisation, for the policy order
     order_key: float | None = None  # the utilisation it is indexed under, None: not indexed
+    # Holds of pods whose decision cannot be read (PodRecord.whole): (type, named ids) ->
+    # how many records hold it, and the uuids they make full (``_whole_uuids``).
+    whole: dict[tuple[str, frozenset[str]], int] = field(default_factory=dict)
+    whole_uuids: set[str] = field(default_factory=set)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +136,10 @@ class PodRecord:
     assignment: Mapping[str, Sequence[Sequence[ContainerDevice]]] = field(
         default_factory=dict, compare=False
     )
+    # device type -> ids held entirely because the type's value cannot be read and no
+    # readable one came before (empty, or not all registered on the node: every device of
+    # the type there). Fails closed: an unreadable value never frees room.
+    whole: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,7 +283,10 @@ class Cluster:
                 state.devices.sort(key=lambda d: d.index)
         for device in state.devices:
             node.devices[device.uuid] = device
-            device.set_use(node.usage.get(device.uuid))
+        if node.whole or node.whole_uuids:
+            node.whole_uuids = _whole_uuids(node)  # which devices a claim names may change
+        for device in state.devices:
+            device.set_use(node.usage.get(device.uuid), whole=device.uuid in node.whole_uuids)
         state.summarise()
         return state.error
 
@@ -293,6 +304,7 @@ class Cluster:
             node.types.clear()
             node.views.clear()
             node.devices.clear()
+            node.whole_uuids.clear()
             node.resource_version = ""
             node.lock = None
         else:
@@ -443,16 +455,27 @@ class Cluster:
 
     # ------------------------------------------------------------------ pods
 
-    def pod_record(self, obj: Mapping[str, Any]) -> tuple[PodRecord | None, list[str]]:
-        """What a pod holds according to its annotations, and any decode errors."""
+    def pod_record(
+        self, obj: Mapping[str, Any], previous: PodRecord | None = None
+    ) -> tuple[PodRecord | None, list[str]]:
+        """What a pod holds according to its annotations, and any decode errors.
+
+        A value that cannot be decoded fails closed (never frees room): the type keeps
+        what ``previous`` (the pod's last record) held of it, or, when no readable value
+        came before, the devices the pod's annotations still name are held entirely, and
+        every device of the type on the node when they name none (``PodRecord.whole``).
+        Each error says what was counted instead.
+        """
         meta = metadata_of(obj)
         annotations = annotations_of(obj)
-        node = annotations.get(keys.VGPU_NODE)
         status = obj.get("status") or {}
         spec = obj.get("spec") or {}
+        bound_to = spec.get("nodeName")
+        # kubelet runs the pod where it is bound even if vgpu-node is missing
+        node = annotations.get(keys.VGPU_NODE) or (bound_to if isinstance(bound_to, str) else "")
         if not node or status.get("phase") in FINISHED_PHASES:
             return None, []
-        bound = bool(spec.get("nodeName"))
+        bound = bool(bound_to)
         if (
             annotations.get(keys.BIND_PHASE) == keys.BindPhase.FAILED
             and status.get("phase") != "Running"
@@ -461,32 +484,64 @@ class Cluster:
             # kubelet admits a pod all or nothing, so it will not start with these devices.
             # A pod that runs all the same counts: kubelet's word wins over the annotation.
             return None, []
+        uid = str(meta.get("uid") or "")
+        last = previous if _same_decision(previous, node, uid) else None
         specs, init_count = pod_containers(obj)
         usage: dict[str, Use] = {}
         types: dict[str, str] = {}
         assignment: dict[str, Sequence[Sequence[ContainerDevice]]] = {}
+        whole: dict[str, frozenset[str]] = {}
         errors: list[str] = []
         for kind in self.kinds.values():
+            word = kind.type_word
             value = annotations.get(kind.allocated_key)
             if not value:
                 continue
             try:
                 containers = decode_pod_devices(value)
             except ProtocolError as exc:
-                errors.append(f"{kind.allocated_key}: {exc}")
+                kept = _kept_hold(last, word)
+                if kept:
+                    for uuid, use in kept.items():
+                        usage.setdefault(uuid, Use()).add(use)
+                        types[uuid] = word
+                    if last is not None and word in last.assignment:
+                        assignment[word] = last.assignment[word]
+                    held = f"what its last readable value held ({', '.join(sorted(kept))})"
+                else:
+                    named = _named_devices(
+                        value,
+                        annotations.get(kind.to_allocate_key),
+                        requesting(specs, kind.resources),
+                    )
+                    whole[word] = frozenset(named)
+                    held = _whole_text(named, word, node)
+                until = "until the pod is deleted or its value is fixed"
+                if not bound:
+                    until += " (an unbound decision: at most until scheduler.decision_timeout)"
+                errors.append(
+                    f"{kind.allocated_key}: {exc}; counted as holding {held} {until}; {_FIX}"
+                )
                 continue
             # Go HAMi's values may lack the entries of containers without this type.
             positions = entry_containers(len(containers), requesting(specs, kind.resources))
-            assignment[kind.type_word] = containers
+            assignment[word] = containers
             for uuid, use in pod_usage(containers, init_count, positions).items():
                 usage.setdefault(uuid, Use()).add(use)
-                types[uuid] = kind.type_word
-        if not usage:
+                types[uuid] = word
+        if not usage and not whole:
             return None, errors
-        uid = str(meta.get("uid") or "")
         stamp = annotations.get(keys.VGPU_TIME)
         record = PodRecord(
-            pod_key(obj), uid, node, usage, bound, stamp, types=types, assignment=assignment
+            pod_key(obj),
+            uid,
+            node,
+            usage,
+            bound,
+            stamp,
+            types=types,
+            assignment=assignment,
+            whole=whole,
         )
         return record, errors
 
@@ -500,8 +555,9 @@ class Cluster:
         if now is not None:
             self._clock = now
         key = pod_key(obj)
-        record, errors = self.pod_record(obj)
         current = self.pods.get(key)
+        last = current if current is not None and not current.reserved else self.lapsed.get(key)
+        record, errors = self.pod_record(obj, last)
         if current is not None and current.reserved and _keeps_reservation(obj, record, current):
             return errors
         if record is None or record.bound:
@@ -527,8 +583,8 @@ class Cluster:
             previous is not None
             and previous.since is not None
             and not previous.reserved
-            and (previous.stamp, previous.node, previous.usage)
-            == (record.stamp, record.node, record.usage)
+            and previous.stamp == record.stamp
+            and _same_hold(previous, record)
         ):
             return replace(record, since=previous.since)
         stamp = parse_unix_seconds(record.stamp)
@@ -575,12 +631,7 @@ class Cluster:
         if self.changed_pods is not None:
             self.changed_pods.add(key)
         old = self.pods.get(key)
-        if (
-            old is not None
-            and record is not None
-            and old.node == record.node
-            and old.usage == record.usage
-        ):
+        if old is not None and record is not None and _same_hold(old, record):
             self.pods[key] = record  # the same hold; its bookkeeping may differ
             return
         if old is not None:
@@ -604,8 +655,21 @@ class Cluster:
                 total = Use()
             device = node.devices.get(uuid)
             if device is not None:
-                device.set_use(total)
-        if not node.exists and not node.usage:
+                device.set_use(total, whole=uuid in node.whole_uuids)
+        if record.whole:
+            for claim in record.whole.items():
+                count = node.whole.get(claim, 0) + sign
+                if count > 0:
+                    node.whole[claim] = count
+                else:
+                    node.whole.pop(claim, None)
+            held = _whole_uuids(node)
+            for uuid in held ^ node.whole_uuids:
+                device = node.devices.get(uuid)
+                if device is not None:
+                    device.set_use(node.usage.get(uuid), whole=uuid in held)
+            node.whole_uuids = held
+        if not node.exists and not node.usage and not node.whole:
             self._unindex(node)
             del self.nodes[record.node]
             return
@@ -894,7 +958,88 @@ def _keeps_reservation(
         return False
     if metadata_of(obj).get("deletionTimestamp"):
         return False
-    return record is None or (record.node, record.usage) != (reservation.node, reservation.usage)
+    return record is None or not _same_hold(record, reservation)
+
+
+def _same_hold(a: PodRecord, b: PodRecord) -> bool:
+    """The two records hold the same devices (their bookkeeping may differ)."""
+    return a.node == b.node and a.usage == b.usage and a.whole == b.whole
+
+
+# What an operator does about an unreadable decision value (pod_record).
+_FIX = (
+    "fix: write back the value as the scheduler wrote it (protocol.md §3: "
+    "uuid,vendor,MiB,cores: per device, ; after each container) or delete the pod"
+)
+
+
+def _same_decision(previous: PodRecord | None, node: str, uid: str) -> bool:
+    """``previous`` is this pod's record of the same placement: its hold may stand in for a
+    value that went bad (a reservation is filter's, not what the pod was written)."""
+    return (
+        previous is not None
+        and not previous.reserved
+        and previous.node == node
+        and previous.uid == uid
+    )
+
+
+def _kept_hold(last: PodRecord | None, word: str) -> dict[str, Use]:
+    """What ``last`` held of type ``word`` (from a readable value), per uuid."""
+    if last is None:
+        return {}
+    return {uuid: use for uuid, use in last.usage.items() if last.types.get(uuid) == word}
+
+
+def _named_devices(bad: str, to_allocate: str | None, asking: Sequence[bool]) -> set[str]:
+    """The devices a pod holds of a type whose allocated value does not decode, as far as
+    its annotations say so for certain; empty when they do not (then it holds them all).
+
+    A source must be complete, as one that is not would free the devices it leaves out:
+    the bad value when its shape is intact (it ends with ';' and every piece has the four
+    fields of a device; a value cut short, or two devices run together, lose ids), or the
+    to-allocate value while none of its entries is erased yet (the node agent empties each
+    container's entry at its Allocate). Given one, every id either names is held: more is
+    safe, and garbage among them makes the claim the whole type (``_whole_uuids``)."""
+    pieces = [piece for entry in bad.split(";") for piece in entry.split(":") if piece]
+    # a piece without a comma names no device (the grammar skips it); no device has an
+    # empty id (such a device is never chosen)
+    named = {piece.split(",", 1)[0].strip() for piece in pieces if "," in piece} - {""}
+    complete = bad.endswith(";") and all(piece.count(",") == 3 for piece in pieces)
+    if to_allocate and any(asking):
+        try:
+            entries = decode_pod_devices(to_allocate)
+        except ProtocolError:
+            entries = []
+        named.update(device.uuid for devices in entries for device in devices)
+        # None (the value is not this pod's): no entry is known to be whole
+        positions = entry_containers(len(entries), asking) or []
+        filled = {p for p, devices in zip(positions, entries, strict=False) if devices}
+        complete = complete or all(p in filled for p, asks in enumerate(asking) if asks)
+    return named if complete else set()
+
+
+def _whole_text(named: Collection[str], word: str, node: str) -> str:
+    if not named:
+        return f"every {word} device of node {node} fully (which of them it holds cannot be read)"
+    ids = ", ".join(sorted(named))
+    return (
+        f"{ids} fully (every {word} device of node {node} if any of those is not registered there)"
+    )
+
+
+def _whole_uuids(node: NodeState) -> set[str]:
+    """The devices held entirely by pods whose value cannot be read: the ids a claim names
+    when all of them are registered devices of its type on the node, else every device
+    of that type there (the claim names none, or garbage: the safe side is all of them)."""
+    held: set[str] = set()
+    for word, named in node.whole:
+        state = node.types.get(word)
+        if state is None or not state.devices:
+            continue
+        registered = {device.uuid for device in state.devices}
+        held.update(named if named and named <= registered else registered)
+    return held
 
 
 def _device_state(device: NodeDevice) -> DeviceState:

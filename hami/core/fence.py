@@ -62,6 +62,12 @@ def _over_capacity(
             return f"device {uuid} is no longer registered on node {node.name}"
         if not device.healthy:
             return f"device {uuid} on node {node.name} is unhealthy"
+        if uuid in node.whole_uuids:
+            # a pod whose decision cannot be read holds it entirely (Cluster.pod_record)
+            return (
+                f"device {uuid} on node {node.name} is held whole by a pod whose decision "
+                "cannot be read"
+            )
         total = Use()
         total.add(node.usage.get(uuid, Use()))
         if own is not None and own.node == node.name and uuid in own.usage:

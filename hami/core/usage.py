@@ -125,11 +125,17 @@ class DeviceState:
             total_cores=device.cores,
         )
 
-    def set_use(self, use: Use | None) -> None:
+    def set_use(self, use: Use | None, *, whole: bool = False) -> None:
+        """What pods hold here; ``whole``: a pod whose decision cannot be read holds the
+        device entirely (hami.core.cluster), so nothing is left on it."""
         if use is None:
             self.used = self.used_memory = self.used_cores = 0
         else:
             self.used, self.used_memory, self.used_cores = use.slots, use.memory, use.cores
+        if whole:
+            self.used = max(self.used, self.count)
+            self.used_memory = max(self.used_memory, self.total_memory)
+            self.used_cores = max(self.used_cores, self.total_cores or 100)
 
     @property
     def free_memory(self) -> int:
