@@ -463,3 +463,38 @@ async def test_admission_chain_cleans_forged_pods_and_denies_bypasses(
         with pytest.raises(KubeError) as denied:
             await create_pod(kube, namespace, privileged)
         assert "is privileged" in str(denied.value)
+
+
+async def test_admission_chain_adds_the_count_a_share_alone_needs(
+    controlplane: Any, kube: Kube, namespace: str, tmp_path: Path
+) -> None:
+    """A container naming only gpumem (or percentage, or cores) is stored with
+    ``nvidia.com/gpu`` in limits and requests: kubelet calls Allocate only for a container
+    whose resources name the plugin's resource, and without Allocate no limit applies."""
+    async with webhook_for(controlplane, kube, namespace, tmp_path):
+        async with asyncio.timeout(20):
+            while True:
+                probe = pod({"nvidia.com/gpumem": "1000"})
+                probe["metadata"] = {"generateName": "probe-"}
+                created = await create_pod(kube, namespace, probe)
+                if created["spec"].get("schedulerName") == "hami-scheduler":
+                    break
+                await asyncio.sleep(0.2)
+        shares = (  # canonical quantities (the API server stores 3000 as 3k)
+            {"nvidia.com/gpumem": "2500"},
+            {"nvidia.com/gpumem-percentage": "50"},
+            {"nvidia.com/gpucores": "30"},
+        )
+        for index, share in enumerate(shares):
+            body = pod(share)
+            body["metadata"]["name"] = f"share-{index}"
+            body["spec"]["initContainers"] = [
+                {"name": "i", "resources": {"limits": {"nvidia.com/gpumem": "500"}}}
+            ]
+            stored = await create_pod(kube, namespace, body)
+            resources = stored["spec"]["containers"][0]["resources"]
+            assert resources["limits"] == {**share, "nvidia.com/gpu": "1"}
+            assert resources["requests"] == resources["limits"]
+            init = stored["spec"]["initContainers"][0]["resources"]
+            assert init["limits"]["nvidia.com/gpu"] == init["requests"]["nvidia.com/gpu"] == "1"
+            assert stored["spec"]["schedulerName"] == "hami-scheduler"
