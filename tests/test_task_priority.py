@@ -21,7 +21,7 @@ from hami.backends.nvidia import NvidiaBackend
 from hami.core.requests import DeviceKind, RequestError, asks_for, parse_pod
 from hami.protocol import ContainerDevice
 from hami.scheduler.webhook import mutations
-from hami.testkit.cluster import LocalCluster, NodeSpec, Timing, gpu_pod, limits
+from hami.testkit.cluster import CLUSTER_LABEL, LocalCluster, NodeSpec, Timing, gpu_pod, limits
 from hami.testkit.controlplane import ControlPlane
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,7 +137,9 @@ async def cluster(controlplane: ControlPlane) -> AsyncIterator[LocalCluster]:
 async def test_a_priority_pod_is_scheduled_and_gets_cuda_task_priority(
     cluster: LocalCluster,
 ) -> None:
-    pod = gpu_pod("prio", [{**limits(1, mem=2000), PRIORITY: "1"}])
+    # through the webhook (the cluster's label opts a pod in), which sets the scheduler
+    pod = gpu_pod("prio", [{**limits(1, mem=2000), PRIORITY: "1"}], scheduler_name=None)
+    pod["metadata"]["labels"] = {CLUSTER_LABEL: cluster.id}
     await cluster.create_pod(pod)
     created = await cluster.wait_pod("prio", timeout=20)
     # before: Pending, "0/1 nodes are available: 1 Insufficient nvidia.com/priority"
@@ -145,6 +147,25 @@ async def test_a_priority_pod_is_scheduled_and_gets_cuda_task_priority(
     (extender,) = cluster.kube_scheduler_config()["extenders"]
     assert {"name": PRIORITY, "ignoredByScheduler": True} in extender["managedResources"]
     assert created["spec"]["nodeName"] == NODE
+    # in the container spec too (the webhook, as Go HAMi's), for Go HAMi's device plugin
+    assert {"name": "CUDA_TASK_PRIORITY", "value": "1"} in created["spec"]["containers"][0]["env"]
     env = (await cluster.admission(created)).envs["c0"]
     assert env["CUDA_TASK_PRIORITY"] == "1"
     assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m"
+
+
+@pytest.mark.controlplane
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_memory_only_pod_gets_a_count_and_its_limit(cluster: LocalCluster) -> None:
+    """``nvidia.com/gpumem`` alone: the webhook adds ``nvidia.com/gpu: 1`` (Go HAMi's
+    defaultGPUNum), so kubelet calls Allocate and HAMi-core caps the memory. Before, the pod
+    ran with no limit at all and its node stayed locked until the allocation timeout."""
+    pod = gpu_pod("share", [limits(None, mem=1500)], scheduler_name=None)
+    pod["metadata"]["labels"] = {CLUSTER_LABEL: cluster.id}
+    await cluster.create_pod(pod)
+    created = await cluster.wait_pod("share", timeout=20)
+    assert created["status"]["phase"] == "Running", created.get("status")
+    assert created["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    env = (await cluster.admission(created)).envs["c0"]
+    assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1500m"
+    assert created["metadata"]["annotations"]["hami.io/bind-phase"] == "success"
