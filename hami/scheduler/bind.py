@@ -111,6 +111,7 @@ class Binder:
         self.binding: set[str] = set()  # pods being bound now: their reservation stays
         # pod key -> (version the bind waits for, the future the watch resolves)
         self._awaited: dict[str, tuple[str, asyncio.Future[bool]]] = {}
+        self._versions: dict[str, str] = {}  # pod key (being bound) -> latest version seen
         # decisions written on pods this replica has since reserved again (maybe elsewhere):
         # another replica may still bind them, so the fence counts them too
         self.shadows: dict[str, PodRecord] = {}
@@ -120,13 +121,18 @@ class Binder:
 
     def pod_event(self, kind: str, key: str, obj: Mapping[str, Any]) -> None:
         """Every pod event the scheduler keeps (after the cluster took it)."""
-        awaited = self._awaited.get(key)
-        if awaited is not None and not awaited[1].done():
-            version = str(metadata_of(obj).get("resourceVersion") or "")
-            if kind == "DELETED":
-                awaited[1].set_result(False)
-            elif newer_or_same(version, awaited[0]):
-                awaited[1].set_result(True)
+        if key in self.binding:
+            # the latest version seen, for a bind that asks only after the event came
+            version = (
+                "" if kind == "DELETED" else str(metadata_of(obj).get("resourceVersion") or "")
+            )
+            self._versions[key] = version
+            awaited = self._awaited.get(key)
+            if awaited is not None and not awaited[1].done():
+                if not version:
+                    awaited[1].set_result(False)
+                elif newer_or_same(version, awaited[0]):
+                    awaited[1].set_result(True)
         current = self.cluster.pods.get(key)
         if kind == "DELETED" or current is None or not current.reserved:
             self.shadows.pop(key, None)
@@ -230,6 +236,7 @@ class Binder:
             ) from None
         finally:
             self.binding.discard(key)
+            self._versions.pop(key, None)
 
     # ------------------------------------------------------------------ the fence
 
@@ -306,6 +313,11 @@ class Binder:
         """Wait until the pod watch shows ``key`` at ``version`` or later."""
         if key in self._awaited:
             raise BindError(f"hami bind: pod {key} is being bound already")
+        latest = self._versions.get(key)
+        if latest == "":
+            raise BindError(f"hami bind: pod {key} was deleted while being bound")
+        if latest is not None and newer_or_same(latest, version):
+            return  # the watch showed it before this bind asked
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._awaited[key] = (version, future)
         try:
