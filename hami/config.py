@@ -43,6 +43,11 @@ class LogConfig:
 class HttpConfig:
     address: str = "0.0.0.0"
     port: int = 9394
+    # every listener drops a client that has not sent its whole request (TLS handshake,
+    # head, body) this long after connecting or after its previous answer
+    request_timeout: Duration = Duration(5)
+    # connections still owing a request; one more drops the oldest of them
+    max_pending_connections: int = 256
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,8 @@ class WebhookConfig:
     configuration_name: str = "hami-webhook"  # the MutatingWebhookConfiguration
     hosts: str = ""  # extra names/IPs for the certificate, comma separated
     validity: Duration = Duration(365 * 24 * 3600)  # serving certificate; the CA lives 10x
+    request_timeout: Duration = Duration(5)  # as HttpConfig's
+    max_pending_connections: int = 256
 
 
 @dataclass(frozen=True)
@@ -134,6 +141,8 @@ class ExtenderConfig:
     address: str = "127.0.0.1"
     port: int = 9396
     tls: ExtenderTLSConfig = ExtenderTLSConfig()
+    request_timeout: Duration = Duration(5)  # as HttpConfig's
+    max_pending_connections: int = 256
 
 
 @dataclass(frozen=True)
@@ -344,6 +353,7 @@ def _check(config: Config) -> None:
             "keep it well above bind_lock_wait plus kube-scheduler's extender httpTimeout"
         )
     _check_webhook_and_election(config.scheduler)
+    _check_listeners(config)
     if config.scheduler.default_device_count < 1:
         raise ConfigError(
             "config key scheduler.default_device_count: expected an integer >= 1 (a container "
@@ -379,6 +389,20 @@ def _check(config: Config) -> None:
                 f"config key backends.{name}.register_format: expected seed or json, "
                 f"got {backend.register_format!r}"
             )
+
+
+def _check_listeners(config: Config) -> None:
+    listeners: tuple[tuple[str, HttpConfig | ExtenderConfig | WebhookConfig], ...] = (
+        ("node.http", config.node.http),
+        ("scheduler.http", config.scheduler.http),
+        ("scheduler.extender", config.scheduler.extender),
+        ("scheduler.webhook", config.scheduler.webhook),
+    )
+    for key, listener in listeners:
+        if listener.request_timeout.seconds <= 0:
+            raise ConfigError(f"config key {key}.request_timeout: expected a positive duration")
+        if listener.max_pending_connections < 1:
+            raise ConfigError(f"config key {key}.max_pending_connections: expected an integer >= 1")
 
 
 def _check_webhook_and_election(scheduler: SchedulerConfig) -> None:

@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
+from hami.listener import Limits
 from hami.node import http
 from hami.node.metrics import NodeMetrics
 
 
-async def test_half_requests_and_idle_connections_are_closed(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(http, "HEADER_TIMEOUT", 0.5)
-    runner, port = await http.start(
-        http.make_app(NodeMetrics(), lambda: {"node": "n"}), "127.0.0.1", 0
+async def test_half_requests_and_idle_connections_are_closed() -> None:
+    listener, port = await http.start(
+        http.make_app(NodeMetrics(), lambda: {"node": "n"}), "127.0.0.1", 0, Limits(0.5)
     )
     try:
         half_r, half_w = await asyncio.open_connection("127.0.0.1", port)
@@ -30,4 +26,4 @@ async def test_half_requests_and_idle_connections_are_closed(
         ok_w.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         assert (await asyncio.wait_for(ok_r.read(), 15)).startswith(b"HTTP/1.1 200")
     finally:
-        await runner.cleanup()
+        await listener.close()

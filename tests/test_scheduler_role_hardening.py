@@ -212,10 +212,10 @@ def _port(url: str) -> int:
     return int(url.rsplit(":", 1)[1])
 
 
-async def test_slow_clients_are_disconnected(kube: Kube, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sched_http, "HEADER_TIMEOUT", 0.5)
-    monkeypatch.setattr(sched_http, "BODY_TIMEOUT", 0.5)
-    async with running_scheduler(kube, FakeClock()) as role:
+async def test_slow_clients_are_disconnected(kube: Kube) -> None:
+    fast = {"address": "127.0.0.1", "port": 0, "request_timeout": "0.5s"}
+    cfg = scheduler_config(http=fast, extender=fast)
+    async with running_scheduler(kube, FakeClock(), cfg) as role:
         for url in (role.url, role.probe_url):
             # slow-loris: half a request head, then nothing; and an idle connection
             half, _ = await _raw(_port(url), b"POST /filter HTTP/1.1\r\nHost: x\r\n")
@@ -223,11 +223,11 @@ async def test_slow_clients_are_disconnected(kube: Kube, monkeypatch: pytest.Mon
             # Before: both stayed open (aiohttp's keep-alive default is over an hour).
             assert await asyncio.wait_for(half.read(), 15) == b""
             assert await asyncio.wait_for(idle.read(), 15) == b""
-        # a body that trickles: the answer says so and the connection closes
+        # a body that does not arrive in time: the connection is dropped, with no answer
+        # (tests/test_slow_clients.py floods every listener)
         head = b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"
         slow, _ = await _raw(_port(role.url), head)
-        answer = await asyncio.wait_for(slow.read(), 15)
-        assert b"not received within" in answer
+        assert await asyncio.wait_for(slow.read(), 15) == b""
 
 
 async def test_oversized_body_is_refused_before_it_is_read(kube: Kube) -> None:

@@ -31,6 +31,7 @@ from hami import config, log
 from hami.backends import registry
 from hami.backends.base import Backend, BackendError
 from hami.kube.raw import PATIENT_RETRY, RetryPolicy
+from hami.listener import Limits
 from hami.node import http
 from hami.node import monitor as usage
 from hami.node.allocate import Allocator, NodeKube
@@ -211,12 +212,16 @@ class NodeAgent:
                                 self._logged("pod-cache", self.cache.run()), name="pod-cache"
                             )
                         if self.serve_http:
-                            runner, self.http_port = await http.start(
+                            listener, self.http_port = await http.start(
                                 http.make_app(self.metrics, self.status),
                                 self.http_address,
                                 self.http_port,
+                                Limits(
+                                    self.cfg.node.http.request_timeout.seconds,
+                                    self.cfg.node.http.max_pending_connections,
+                                ),
                             )
-                            stack.push_async_callback(runner.cleanup)
+                            stack.push_async_callback(listener.close)
                             self.log.info("http_serving", port=self.http_port)
                         for name, backend in backends.items():
                             tg.create_task(

@@ -8,11 +8,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from hami.listener import Limits, Listener
 from hami.node.metrics import NodeMetrics
-
-# Seconds from connect (or the last answer) to a complete request head: slow or idle
-# clients of this 0.0.0.0 port are closed instead of holding connections open.
-HEADER_TIMEOUT = 5.0
 
 
 def make_app(metrics: NodeMetrics, status: Callable[[], Mapping[str, Any]]) -> web.Application:
@@ -30,13 +27,13 @@ def make_app(metrics: NodeMetrics, status: Callable[[], Mapping[str, Any]]) -> w
     return app
 
 
-async def start(app: web.Application, address: str, port: int) -> tuple[web.AppRunner, int]:
-    """Serve ``app``; returns the runner (to clean up) and the bound port (for port 0)."""
-    runner = web.AppRunner(app, access_log=None, keepalive_timeout=HEADER_TIMEOUT)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, address, port).start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    return runner, int(runner.addresses[0][1])
+async def start(
+    app: web.Application, address: str, port: int, limits: Limits | None = None
+) -> tuple[Listener, int]:
+    """Serve ``app``; returns the listener (to close) and the bound port (for port 0).
+
+    ``limits`` (``node.http.request_timeout`` and ``max_pending_connections``): slow or
+    idle clients of this 0.0.0.0 port are dropped instead of holding connections open."""
+    listener = Listener(app, limits or Limits())
+    _, bound = await listener.start(address, port)
+    return listener, bound

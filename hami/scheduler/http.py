@@ -7,14 +7,13 @@
 
 kube-scheduler treats a non-200 answer as a failed extender, so the extender verbs always
 answer 200 with any error in ``Error``. Every body is capped (sized to kube-scheduler's and
-the API server's real requests) and must arrive within ``BODY_TIMEOUT``; request headers
-within ``HEADER_TIMEOUT`` (see ``server_options``), so slow or idle clients cannot hold
-connections open.
+the API server's real requests); the listeners (``hami.listener``, started by the role)
+drop a client whose whole request has not arrived within the section's ``request_timeout``,
+so slow or idle clients cannot hold connections open.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import ssl
 from collections.abc import Awaitable, Callable
@@ -35,9 +34,6 @@ _log = log.get(__name__)
 MAX_BODY = 2 * 1024 * 1024
 MAX_BIND_BODY = 64 * 1024  # ExtenderBindingArgs: four short strings
 MAX_WEBHOOK_BODY = 3 * 1024 * 1024 + 64 * 1024  # the API server's own request cap, plus the review
-HEADER_TIMEOUT = 5.0  # seconds from connect (or the last answer) to a complete request head
-BODY_TIMEOUT = 10.0  # seconds for a whole request body
-LINGER_SECONDS = 1.0  # reading an unread body after an early answer, before closing
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Readiness = Callable[[], str | None]  # None when ready, else why not
@@ -47,33 +43,18 @@ class _BodyError(Exception):
     pass
 
 
-def server_options() -> dict[str, Any]:
-    """Keyword arguments for ``web.AppRunner``: timeouts that close slow or idle clients.
-
-    aiohttp arms ``keepalive_timeout`` when a connection opens and after each answer, and
-    closes a connection that has not delivered a complete request head by then."""
-    return {
-        "access_log": None,
-        "keepalive_timeout": HEADER_TIMEOUT,
-        "lingering_time": LINGER_SECONDS,
-    }
-
-
 async def _read_body(request: web.Request, cap: int) -> bytes:
     if request.content_length is not None and request.content_length > cap:
         # Answer before reading: a 16 MiB body is never read into memory.
         raise _BodyError(f"request body larger than {cap} bytes")
     parts: list[bytes] = []
     size = 0
-    try:
-        async with asyncio.timeout(BODY_TIMEOUT):
-            async for chunk in request.content.iter_chunked(64 * 1024):
-                size += len(chunk)
-                if size > cap:
-                    raise _BodyError(f"request body larger than {cap} bytes")
-                parts.append(chunk)
-    except TimeoutError:
-        raise _BodyError(f"request body not received within {BODY_TIMEOUT:g}s") from None
+    # No timeout here: the listener drops a client whose body is late.
+    async for chunk in request.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > cap:
+            raise _BodyError(f"request body larger than {cap} bytes")
+        parts.append(chunk)
     return b"".join(parts)
 
 

@@ -35,13 +35,13 @@ from hami.backends.base import BackendError
 from hami.core.requests import DeviceKind
 from hami.kube.client import Kube, KubeConfigError, open_client
 from hami.kube.reflector import Reflector
+from hami.listener import Limits, Listener
 from hami.scheduler import podinfo
 from hami.scheduler.http import (
     ClientCertTLS,
     ExtenderTLSError,
     extender_app,
     probe_app,
-    server_options,
     webhook_app,
 )
 from hami.scheduler.leader import LeaderElector, elector_for, mirror, sole_replica
@@ -113,7 +113,7 @@ class SchedulerRole:
         self.elector: LeaderElector | None = None  # scheduler.leader_election.enabled
         self.reflectors: list[Reflector] = []
         self._group: asyncio.Task[None] | None = None
-        self._runners: list[web.AppRunner] = []
+        self.listeners: list[Listener] = []  # probes, extender, webhook (when enabled)
 
     async def __aenter__(self) -> SchedulerRole:
         try:
@@ -179,9 +179,7 @@ class SchedulerRole:
     async def _serve_all(self, work: list[tuple[str, Work]]) -> None:
         sched = self.scheduler
         settings = self.cfg.scheduler
-        host, port = await self._serve(
-            probe_app(sched, self.not_ready), settings.http.address, settings.http.port
-        )
+        host, port = await self._serve(probe_app(sched, self.not_ready), settings.http)
         self.probe_url = f"http://{_display(host)}:{port}"
         ext = settings.extender
         scheme, ssl_context = "http", None
@@ -198,9 +196,7 @@ class SchedulerRole:
                 "scheduler.extender.tls or keep scheduler.extender.address 127.0.0.1",
                 address=ext.address,
             )
-        host, port = await self._serve(
-            extender_app(sched, self.not_ready), ext.address, ext.port, ssl_context
-        )
+        host, port = await self._serve(extender_app(sched, self.not_ready), ext, ssl_context)
         self.url = f"{scheme}://{_display(host)}:{port}"
         hook = settings.webhook
         if hook.enabled:
@@ -210,10 +206,7 @@ class SchedulerRole:
                 self.tls = ReloadingTLS(hook.cert_file, hook.key_file)
                 work.append(("webhook-tls", lambda: _watch_tls(self.tls)))
             host, port = await self._serve(
-                webhook_app(sched, settings.scheduler_name),
-                hook.address,
-                hook.port,
-                ssl_context=self.tls.context,
+                webhook_app(sched, settings.scheduler_name), hook, self.tls.context
             )
             self.webhook_url = f"https://{_display(host)}:{port}/webhook"
 
@@ -278,9 +271,9 @@ class SchedulerRole:
                     await self.elector.release()
         if self.selftls is not None:
             self.selftls.close()
-        for runner in self._runners:
-            await runner.cleanup()
-        self._runners.clear()
+        for listener in self.listeners:
+            await listener.close()
+        self.listeners.clear()
 
     async def _run_group(self, work: Sequence[tuple[str, Work]]) -> None:
         async with asyncio.TaskGroup() as tg:
@@ -288,15 +281,15 @@ class SchedulerRole:
                 tg.create_task(_logged(name, factory), name=name)
 
     async def _serve(
-        self, app: web.Application, address: str, port: int, ssl_context: Any = None
+        self,
+        app: web.Application,
+        section: config.HttpConfig | config.ExtenderConfig | config.WebhookConfig,
+        ssl_context: Any = None,
     ) -> tuple[str, int]:
-        runner = web.AppRunner(app, **server_options())
-        await runner.setup()
-        self._runners.append(runner)
-        site = web.TCPSite(runner, address, port, ssl_context=ssl_context)
-        await site.start()
-        bound = runner.addresses[0]
-        return str(bound[0]), int(bound[1])
+        limits = Limits(section.request_timeout.seconds, section.max_pending_connections)
+        listener = Listener(app, limits, ssl_context)
+        self.listeners.append(listener)
+        return await listener.start(section.address, section.port)
 
 
 async def _logged(name: str, work: Work) -> None:
