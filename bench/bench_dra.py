@@ -24,7 +24,7 @@ import time
 import uuid
 from typing import Any
 
-from bench_e2e import (
+from _e2e_common import (
     ALONE_NAME,
     GPU_MEMORY,
     GPU_MODEL,

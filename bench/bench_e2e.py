@@ -64,21 +64,25 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _e2e_common import (
+    ALONE_NAME,
+    GPU_MEMORY,
+    GPU_MODEL,
+    GPUS,
+    HAMI_NAME,
+    PodWatch,
+    bench_pod,
+    create_nodes,
+    delete_all_pods,
+    load,
+    one_vs_ten,
+    say,
+)
+
 from hami import config, log
 from hami.kube.client import Kube, open_client, pods_path
 from hami.kube.raw import KubeError, NotFound
-from hami.protocol import handshake, keys
 from hami.testkit.controlplane import ControlPlane, free_port
-
-LABEL = "hami.io/bench-e2e"
-HAMI_NAME = "hami-scheduler"
-ALONE_NAME = "bench-alone"
-GPU_MODEL, GPU_MEMORY, GPUS, SPLIT = "NVIDIA-A100-SXM4-40GB", 40960, 8, 10
-
-
-def load() -> str:
-    one, five, _fifteen = os.getloadavg()
-    return f"load {one:.2f} / {five:.2f} (1 / 5 min, {os.cpu_count()} cpus)"
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -91,83 +95,7 @@ def ms(samples: list[float]) -> str:
     return f"p50 {pct(values, 0.5):7.2f} ms  p99 {pct(values, 0.99):7.2f} ms  (n={len(values)})"
 
 
-def say(text: str) -> None:
-    print(text, flush=True)
-
-
 # --------------------------------------------------------------------------- throughput
-
-
-def register_value(node: str) -> str:
-    return "".join(
-        f"GPU-{node}-{d},{SPLIT},{GPU_MEMORY},100,{GPU_MODEL},{d // 4},true:" for d in range(GPUS)
-    )
-
-
-async def create_nodes(kube: Kube, run: str, count: int) -> list[str]:
-    names = [f"e2e-{run}-{i:04d}" for i in range(count)]
-    stamp = handshake.reported(handshake_now())
-    resources = {"cpu": "64", "memory": "256Gi", "pods": "1000", "nvidia.com/gpu": "80"}
-    gate = asyncio.Semaphore(16)
-
-    async def one(name: str) -> None:
-        async with gate:
-            body = {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {
-                    "name": name,
-                    "labels": {LABEL: run, "kubernetes.io/hostname": name},
-                    "annotations": {
-                        keys.node_register("nvidia"): register_value(name),
-                        "hami.io/node-handshake-nvidia": stamp,
-                    },
-                },
-            }
-            await kube.create("/api/v1/nodes", body)
-            status = {
-                "status": {
-                    "capacity": resources,
-                    "allocatable": resources,
-                    "conditions": [{"type": "Ready", "status": "True", "reason": "Bench"}],
-                }
-            }
-            await kube.merge_patch(f"/api/v1/nodes/{name}/status", status)
-            # the API server taints a new Node not-ready; a kubelet lifts it once Ready
-            await kube.merge_patch(f"/api/v1/nodes/{name}", {"spec": {"taints": None}})
-
-    await asyncio.gather(*(one(n) for n in names))
-    return names
-
-
-def handshake_now() -> Any:
-    from datetime import UTC, datetime
-
-    return datetime.now(UTC)
-
-
-def bench_pod(name: str, run: str, hami: bool, policy: str) -> dict[str, Any]:
-    if hami:
-        container = {
-            "name": "c",
-            "image": "bench",
-            "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}},
-        }
-        annotations = {keys.NODE_SCHEDULER_POLICY: policy}
-    else:
-        container = {"name": "c", "image": "bench", "resources": {"requests": {"cpu": "100m"}}}
-        annotations = {}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "annotations": annotations},
-        "spec": {
-            "schedulerName": HAMI_NAME if hami else ALONE_NAME,
-            "nodeSelector": {LABEL: run},
-            "containers": [container],
-            "terminationGracePeriodSeconds": 0,
-        },
-    }
 
 
 def kube_scheduler_config(hami: bool, policy: str, extender_port: int) -> dict[str, Any]:
@@ -289,79 +217,6 @@ def http_get(port: int, path: str, headers: dict[str, str] | None = None) -> tup
         return response.status, response.read()
     finally:
         conn.close()
-
-
-class PodWatch:
-    """Bind times of the round's pods, and the stand-in node agent for hami's binds."""
-
-    def __init__(self, kube: Kube, namespace: str, agent: bool) -> None:
-        self.kube = kube
-        self.namespace = namespace
-        self.agent = agent
-        self.bound: dict[str, float] = {}
-        self.released: set[str] = set()
-        self.tasks: set[asyncio.Task[None]] = set()
-        self.changed = asyncio.Event()
-
-    async def run(self, version: str) -> None:
-        query = [("watch", "1"), ("resourceVersion", version), ("allowWatchBookmarks", "false")]
-        while True:
-            try:
-                async with self.kube.stream(pods_path(self.namespace), query=query) as events:
-                    async for event in events:
-                        obj = event.get("object") or {}
-                        version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-                        query[1] = ("resourceVersion", version)
-                        self.seen(obj)
-            except (TimeoutError, KubeError, ValueError, OSError):
-                await asyncio.sleep(0.2)
-
-    def seen(self, pod: dict[str, Any]) -> None:
-        meta = pod.get("metadata") or {}
-        name = str(meta.get("name"))
-        node = (pod.get("spec") or {}).get("nodeName")
-        if not node:
-            return
-        if name not in self.bound:
-            self.bound[name] = time.monotonic()
-            self.changed.set()
-        phase = (meta.get("annotations") or {}).get(keys.BIND_PHASE)
-        if self.agent and phase == "allocating" and name not in self.released:
-            self.released.add(name)
-            task = asyncio.create_task(self.allocate(name, str(node)))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
-
-    async def allocate(self, name: str, node: str) -> None:
-        """What the node agent does after the pod's last Allocate."""
-        with contextlib.suppress(KubeError):
-            await self.kube.patch_pod_annotations(
-                self.namespace, name, {keys.BIND_PHASE: "success"}
-            )
-        with contextlib.suppress(KubeError):
-            await self.kube.patch_node_annotations(node, {keys.NODE_LOCK: None})
-
-    async def wait(self, count: int, timeout: float) -> bool:  # noqa: ASYNC109
-        deadline = time.monotonic() + timeout
-        while len(self.bound) < count:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            self.changed.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), min(left, 1.0))
-        return True
-
-
-async def delete_all_pods(kube: Kube, namespace: str) -> None:
-    with contextlib.suppress(KubeError):
-        await kube.delete(
-            pods_path(namespace), body={"gracePeriodSeconds": 0}, query=[("gracePeriodSeconds", 0)]
-        )
-    for _ in range(300):
-        if not await kube.list_pods(namespace=namespace):
-            return
-        await asyncio.sleep(0.2)
 
 
 async def throughput_round(
@@ -514,31 +369,6 @@ async def one_node(args: argparse.Namespace, plane: ControlPlane) -> None:
         await one_vs_ten(cluster, args.one_node_reps, lambda n: gpu_pod(n, [limits(1, mem=1000)]))
 
 
-async def one_vs_ten(cluster: Any, reps: int, make_pod: Callable[[str], dict[str, Any]]) -> None:
-    """Per repetition: one pod until Running, then ten created at once until all Running
-    (``cluster`` is a ``LocalCluster``; ``make_pod(name)`` the pod to place)."""
-
-    async def running(count: int, tag: str) -> float:
-        began = time.monotonic()
-        names = [f"{tag}-{i}" for i in range(count)]
-        await asyncio.gather(*(cluster.create_pod(make_pod(n)) for n in names))
-        pods = await cluster.wait_running(names, timeout=120)
-        took = time.monotonic() - began
-        phases = sorted({str((p.get("status") or {}).get("phase")) for p in pods.values()})
-        if phases != ["Running"]:
-            say(f"  !! {tag}: pods ended {phases}, not all Running")
-        await cluster.delete_pods(wait=True)
-        return took
-
-    for rep in range(reps):
-        one = await running(1, f"one{rep}")
-        ten = await running(10, f"ten{rep}")
-        say(
-            f"  rep {rep + 1}: 1 pod {one:5.2f}s, 10 pods {ten:5.2f}s, "
-            f"ratio {ten / one:4.1f}x  ({load()})"
-        )
-
-
 # --------------------------------------------------------------------------- filter
 
 
@@ -565,7 +395,8 @@ class Server:
         import bench_filter
         from aiohttp import web
 
-        from hami.scheduler.http import add_extender_routes, add_probe_routes, server_options
+        from hami.listener import Limits, Listener
+        from hami.scheduler.http import add_extender_routes, add_probe_routes
         from hami.scheduler.service import Scheduler
 
         cfg = config.from_mapping({"scheduler": {"node_policy": "binpack"}}, env={})
@@ -576,9 +407,8 @@ class Server:
         app = web.Application(client_max_size=4 * 1024 * 1024)
         add_extender_routes(app, self.scheduler, lambda: None)
         add_probe_routes(app, self.scheduler, lambda: None)
-        self.runner = web.AppRunner(app, **server_options())
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        self.listener = Listener(app, Limits())  # the role's defaults
+        await self.listener.start("127.0.0.1", self.port)
 
     def call(self, fn: Callable[[], Any]) -> Any:
         async def wrapped() -> Any:
@@ -587,7 +417,7 @@ class Server:
         return asyncio.run_coroutine_threadsafe(wrapped(), self.loop).result()
 
     def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result()
+        asyncio.run_coroutine_threadsafe(self.listener.close(), self.loop).result()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
 
