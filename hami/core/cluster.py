@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from hami.core import nofit, topology
@@ -40,6 +40,11 @@ from hami.protocol.stamps import parse_unix_seconds
 
 FINISHED_PHASES = ("Succeeded", "Failed")
 DEFAULT_WINDOW = 4
+# A Reported value marks its agent as one that heartbeats for this many handshake timeouts
+# from its own time (120 s by default): longer than the timeout, so such an agent that goes
+# silent keeps the §2 table, and longer than kube-controller-manager's node grace period
+# (40-50 s), so a dead node is tainted NotReady before the allocatable rule takes it back.
+REPORTED_WINDOW = 2
 # An unbound decision counts this long after its vgpu-time: well above what a bind can take
 # (bind_lock_wait 20 s, kube-scheduler's extender timeout 30 s), so a pod being bound right
 # now never loses its hold, yet a bind that failed with the API server down frees the devices.
@@ -61,7 +66,10 @@ class TypeState:
     error: str | None = None  # the register value does not parse
     kubelet_reason: str | None = None  # kubelet allocates none of the count resource
     kubelet_advertises: bool = False  # status.allocatable has the count resource above 0
-    heartbeats: bool = False  # a Reported value was seen since the register value changed
+    # The newest heartbeat since the register value changed: a Reported value's own time,
+    # never later than when it was first seen (``_note_reported``); None: none.
+    reported_at: datetime | None = None
+    reported_seen: dict[str, str] = field(default_factory=dict)  # key -> Reported value judged
     score_value: str | None = None  # hami.io/node-{type}-score as last seen
     pair_scores: PairScores = field(default_factory=dict)  # read from it ({}: none, unread)
     score_error: str | None = None  # why score_value does not read
@@ -252,17 +260,13 @@ class Cluster:
                 devices_changed = True
             if register != state.register_value:
                 state.register_value = register
-                state.heartbeats = False
+                state.reported_at = None  # a Reported seen before it no longer counts
                 error = self._load_register(node, state)
                 devices_changed = True
                 if error:
                     # The key goes with the error so the log names node, key and reason.
                     errors.append(f"{keys.node_register(word)}: {error}")
-            if any(
-                handshake.parse_handshake(v).state is handshake.HandshakeState.REPORTED
-                for v in shakes.values()
-            ):
-                state.heartbeats = True
+            _note_reported(state, shakes, now)
         changes = self._decide_safely(node, now, write=False)[1]
         if devices_changed or changes:
             self._node_changed(node)
@@ -359,7 +363,7 @@ class Cluster:
         changes: list[AvailabilityChange] = []
         for word, state in node.types.items():
             available, reason, stamps = self._decide_keys(state, now)
-            if reason == handshake.HANDSHAKE_TIMED_OUT and _never_heartbeats(state):
+            if reason == handshake.HANDSHAKE_TIMED_OUT and self._not_heartbeating(state, now):
                 available, reason = True, None
             if state.kubelet_reason is not None:
                 # protocol.md §2 "kubelet's word wins when it says no": the device plugin is
@@ -383,6 +387,19 @@ class Cluster:
                 node.views[word] = state.view
                 self._changed(node.name)
         return writes, changes
+
+    def _not_heartbeating(self, state: TypeState, now: datetime) -> bool:
+        """protocol.md §2 "Agents that never heartbeat", judged by the age of the type's
+        newest Reported: an agent that stopped writing it (a Go HAMi plugin upgraded from
+        <= 2.7 to >= 2.8) or an old stamp it left keep the type while kubelet advertises it.
+        A Reported counts for ``REPORTED_WINDOW`` handshake timeouts: an agent that
+        heartbeats and goes silent is still dropped when its stamp expires, and stays out
+        until its last Reported is that old (then a dead node is NotReady and tainted)."""
+        if not state.kubelet_advertises:
+            return False
+        at = state.reported_at
+        # Subtract, never add: a stamp near year 1 or 9999 cannot overflow this.
+        return at is None or _utc(now) - at > self.handshake_timeout * REPORTED_WINDOW
 
     def _decide_keys(
         self, state: TypeState, now: datetime
@@ -1051,11 +1068,27 @@ def _device_state(device: NodeDevice) -> DeviceState:
     return state
 
 
-def _never_heartbeats(state: TypeState) -> bool:
-    """protocol.md §2 "Agents that never heartbeat": Go HAMi >= 2.8's device plugin writes
-    no Reported; while kubelet advertises the type such a node stays after its stamp expires
-    (kubelet's own word then turns it off within seconds of the plugin going away)."""
-    return not state.heartbeats and state.kubelet_advertises
+def _utc(now: datetime) -> datetime:
+    """``now`` comparable with parsed stamps (which are UTC): a naive time is UTC."""
+    return now if now.tzinfo is not None else now.replace(tzinfo=UTC)
+
+
+def _note_reported(state: TypeState, shakes: Mapping[str, str], now: datetime) -> None:
+    """Take the heartbeat of each Reported value not judged before: its own time (the
+    writer's clock, so never later than ``now``, when it is first seen; unreadable: now).
+    A value judged before (an old stamp still on the Node after the register value
+    changed) is not a new heartbeat."""
+    for key, value in shakes.items():
+        shake = handshake.parse_handshake(value)
+        if shake.state is not handshake.HandshakeState.REPORTED:
+            continue
+        if state.reported_seen.get(key) == value:
+            continue
+        state.reported_seen[key] = value
+        stamp = handshake.reported_time(value)
+        at = _utc(now) if stamp is None or stamp > _utc(now) else stamp
+        if state.reported_at is None or at > state.reported_at:
+            state.reported_at = at
 
 
 def _resources(obj: Mapping[str, Any], field_name: str) -> Mapping[str, Any]:

@@ -6,6 +6,7 @@ Pure: the caller passes ``now``; no clock is read here.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -59,6 +60,33 @@ def parse_handshake(value: str | None) -> Handshake:
         if stamp is not None:
             return Handshake(HandshakeState.REQUESTING, stamp)
     return Handshake(HandshakeState.UNKNOWN)
+
+
+# The time of a ``Reported`` value as agents write it: ``Reported_2024-01-23 04:30:04``, older
+# HAMi's dotted date, or Go's ``time.Time.String()`` (fraction, zone offset, zone name...).
+_REPORTED_TIME = re.compile(
+    r"(\d{4}[-.]\d{2}[-.]\d{2} \d{2}:\d{2}:\d{2})(?:\.\d+)?(?: ([+-]\d{2})(\d{2})\b)?"
+)
+
+
+def reported_time(value: str | None) -> datetime | None:
+    """When a ``Reported`` value says it was written (UTC, by the writer's clock, so only a
+    hint: the caller bounds it by when it saw the value); None when it is not a Reported
+    value or carries no readable time."""
+    if value is None or not _has_prefix(value, REPORTED):
+        return None
+    match = _REPORTED_TIME.match(value[len(REPORTED) + 1 :].strip())
+    if match is None:
+        return None
+    stamp = _parse_time(match.group(1))
+    if stamp is None or match.group(2) is None:
+        return stamp
+    sign = -1 if match.group(2)[0] == "-" else 1  # "-0030": the minutes are negative too
+    offset = sign * timedelta(hours=abs(int(match.group(2))), minutes=int(match.group(3)))
+    try:
+        return stamp - offset
+    except OverflowError:
+        return stamp  # year 1 or 9999: the offset changes nothing that matters
 
 
 def _has_prefix(value: str, word: str) -> bool:
