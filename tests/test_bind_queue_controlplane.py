@@ -154,14 +154,32 @@ async def test_a_restart_between_filter_and_bind_loses_the_reservation_only(
             stored = await kube.get_pod(namespace, "q")
             assert stored["spec"]["nodeName"] == name
             assert stored["metadata"]["annotations"][keys.BIND_PHASE] == "allocating"
-        # a pod asking for no device hami manages is bound plainly, even unknown to us
+        # a pod asking for no device hami manages is bound without the lock, but only if it
+        # names this scheduler and this replica's filter passed it (issue 18 item 6)
         async with running_scheduler(kube, FakeClock()) as third:
-            plain = {
-                "metadata": {"name": "plain"},
+            foreign = {
+                "metadata": {"name": "foreign"},
                 "spec": {"containers": [{"name": "c", "image": "busybox"}]},
             }
+            foreign = await create_pod(kube, namespace, foreign)
+            answer = await post(f"{third.url}/bind", binding(foreign, name))
+            assert "names scheduler 'default-scheduler'" in answer["Error"], answer
+            plain = {
+                "metadata": {"name": "plain"},
+                "spec": {
+                    "schedulerName": third.scheduler.settings.scheduler_name,
+                    "containers": [{"name": "c", "image": "busybox"}],
+                },
+            }
             plain = await create_pod(kube, namespace, plain)
+            answer = await post(f"{third.url}/bind", binding(plain, name))
+            assert "filter did not pass it" in answer["Error"], answer
+            answer = await post(f"{third.url}/filter", {"Pod": plain, "NodeNames": [name]})
+            assert answer["NodeNames"] == [name], answer
             assert await post(f"{third.url}/bind", binding(plain, name)) == {"Error": ""}
+            for pod_name, node_name in (("foreign", None), ("plain", name)):
+                stored = await kube.get_pod(namespace, pod_name)
+                assert stored["spec"].get("nodeName") == node_name
     finally:
         await delete_nodes(kube, [name])
 

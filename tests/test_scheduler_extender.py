@@ -297,7 +297,11 @@ async def test_bind_waits_for_a_live_lock_then_fails_and_rolls_back(
     try:
         async with running_scheduler(kube, fake, cfg) as role:
             await poll(lambda: name in role.scheduler.cluster.nodes)
-            holder = await create_pod(kube, namespace, gpu_pod("holder", mem=100))
+            # a holder bound to the node and being allocated (an unbound one this old would
+            # be past its binder's window, and taken over)
+            held = gpu_pod("holder", mem=100)
+            held["spec"]["nodeName"] = name
+            holder = await create_pod(kube, namespace, held)
             await kube.patch_node_annotations(
                 name, {keys.NODE_LOCK: f"2024-05-20T09:59:00Z,{namespace},holder"}
             )

@@ -250,7 +250,8 @@ class Binder:
                 f"hami bind: this scheduler replica stopped leading before the {step.value} "
                 f"write of pod {key}; nothing more is written, kube-scheduler retries the pod"
             )
-        if self.clock.monotonic() > deadline:
+        if step is not Step.LOCK and self.clock.monotonic() > deadline:
+            # (the lock loop has its own deadline, whose error names the lock's holder)
             raise BindError(
                 f"hami bind: pod {key} on node {node} was not bound within "
                 f"scheduler.bind_lock_wait ({self.settings.bind_lock_wait.seconds:g}s); "
@@ -287,13 +288,21 @@ class Binder:
                     namespace, name, uid, record.node, resource_version=version
                 )
                 return
-            except Conflict:
-                version = await self._still_ours(namespace, name, record)
+            except Conflict as exc:
+                version = await self._still_ours(namespace, name, uid, record, version, exc)
             except KubeError as exc:
                 raise BindError(f"hami bind: creating the Binding of {key} failed: {exc}") from exc
         raise BindError(f"hami bind: pod {key} kept changing; it was not bound")
 
-    async def _still_ours(self, namespace: str, name: str, record: PodRecord) -> str:
+    async def _still_ours(
+        self,
+        namespace: str,
+        name: str,
+        uid: str | None,
+        record: PodRecord,
+        tried: str,
+        conflict: KubeError,
+    ) -> str:
         """After a Binding conflict: the pod's new version if it is unbound and still
         carries this decision; otherwise a ``BindError``."""
         key = f"{namespace}/{name}"
@@ -301,13 +310,18 @@ class Binder:
             pod = await self._kube().get_pod(namespace, name)
         except KubeError as exc:
             raise BindError(f"hami bind: reading pod {key} failed: {exc}") from exc
+        meta = metadata_of(pod)
         bound = str((pod.get("spec") or {}).get("nodeName") or "")
+        version = str(meta.get("resourceVersion") or "")
         if bound:
             raise BindError(f"hami bind: pod {key} is already bound to node {bound}")
+        if version == tried or (uid and str(meta.get("uid") or "") != uid):
+            # not a newer version: the precondition that failed is another one (the uid)
+            raise BindError(f"hami bind: creating the Binding of {key} failed: {conflict}")
         now, _ = self.cluster.pod_record(pod)
         if now is None or (now.node, now.usage) != (record.node, record.usage):
             raise BindError(f"hami bind: pod {key}'s decision was rewritten meanwhile")
-        return str(metadata_of(pod).get("resourceVersion") or "")
+        return version
 
     async def _seen(self, key: str, version: str, deadline: float) -> None:
         """Wait until the pod watch shows ``key`` at ``version`` or later."""

@@ -181,7 +181,7 @@ class Scheduler:
             key not in self.cluster.pods
             and key not in self.cluster.lapsed
             and key not in self._pod_errors
-            and keys.VGPU_NODE not in annotations_of(obj)
+            and not self._names_devices(annotations_of(obj))
         ):
             # Holds nothing, held nothing: most pod events (other pods' status changes)
             # stop here in O(1), without decoding anything.
@@ -202,6 +202,12 @@ class Scheduler:
                 self._pod_errors[key] = errors
             else:
                 self._pod_errors.pop(key, None)
+
+    def _names_devices(self, annotations: Mapping[str, str]) -> bool:
+        """A decision of some kind is on the pod (a bound pod may lack ``vgpu-node``)."""
+        return keys.VGPU_NODE in annotations or any(
+            kind.allocated_key in annotations for kind in self.kinds
+        )
 
     def on_quota(self, kind: str, obj: Json) -> None:
         """A ResourceQuota event: its ``limits.`` keys of device memory and cores."""
