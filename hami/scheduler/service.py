@@ -37,6 +37,7 @@ from hami.scheduler.explain import Explainer, quota_view
 from hami.scheduler.handshake import Handshake, log_changes
 from hami.scheduler.locks import NodeLocks
 from hami.scheduler.metrics import SchedulerMetrics
+from hami.scheduler.podevents import PodEvents
 
 # A lock whose pod is still unbound this long after its bind window (scheduler.bind_lock_wait)
 # cannot belong to a bind in flight: its binder sends no Binding past the window. The slack
@@ -104,6 +105,8 @@ class Scheduler:
         busy_after = timedelta(
             seconds=min(settings.bind_lock_wait.seconds, settings.allocation_timeout.seconds) / 2
         )
+        self.events = PodEvents(kube, self.metrics.registry, enabled=emit_events)
+        self._event, self._event_ref = self.events.event, self.events.event_ref
         self.nodes_synced = asyncio.Event()
         self.pods_synced = asyncio.Event()
         self.locks = NodeLocks(
@@ -133,8 +136,6 @@ class Scheduler:
         self.explainer = Explainer(self.cluster, self._api, self.parse)
         self._node_errors: dict[str, tuple[str, ...]] = {}
         self._pod_errors: dict[str, tuple[str, ...]] = {}
-        self._background: set[asyncio.Task[Any]] = set()
-        self._warned: set[tuple[str, str]] = set()  # (pod uid, message) already reported
 
     @property
     def ready(self) -> bool:
@@ -312,7 +313,7 @@ class Scheduler:
             return _with_nodes(
                 args, {"NodeNames": names, "FailedNodes": {}, "Error": ""}, names
             ), "passthrough"
-        self._warn_once(pod, request.warnings)
+        self.events.warn_once(pod, request.warnings)
         self.expire_reservations(full=False)
         began = time.perf_counter()
         # kube-scheduler filters only unbound pods, so a record this pod already has is an
@@ -398,58 +399,13 @@ class Scheduler:
 
     # ------------------------------------------------------------------ events
 
-    def _warn_once(self, pod: Mapping[str, Any], warnings: Sequence[str]) -> None:
-        """A policy or weights annotation that fell back to the default: one warning Event
-        per pod and message (kube-scheduler calls filter again on every retry)."""
-        if not warnings:
-            return
-        uid = str(metadata_of(pod).get("uid") or pod_key(pod))
-        for message in warnings:
-            if (uid, message) in self._warned:
-                continue
-            if len(self._warned) >= 4096:  # bounded: a forgotten pod costs no memory
-                self._warned.clear()
-            self._warned.add((uid, message))
-            _log.info("pod annotation not understood", pod=pod_key(pod), warning=message)
-            self._event(pod, "PolicyIgnored", message, "Warning")
-
-    _recorder: EventRecorder | None = None
-
     def event_recorder(self) -> EventRecorder | None:
-        """The one Event sender (folds repeats, rate-limits per pod); the role runs its
-        task. None when this scheduler emits no Events."""
-        if not self.emit_events or self.kube is None:
-            return None
-        if self._recorder is None:
-            self._recorder = EventRecorder(self.kube, registry=self.metrics.registry)
-        return self._recorder
-
-    def _event(
-        self, pod: Mapping[str, Any], reason: str, message: str, type_: str = "Normal"
-    ) -> None:
-        """Queue an Event: O(1), no I/O on the caller's path (``hami.kube.recorder``)."""
-        recorder = self.event_recorder()
-        if recorder is not None:
-            recorder.record(pod, reason, message, type_)
-
-    def _event_ref(
-        self,
-        namespace: str,
-        name: str,
-        uid: str | None,
-        reason: str,
-        message: str,
-        type_: str = "Normal",
-    ) -> None:
-        ref = {"metadata": {"namespace": namespace, "name": name, "uid": uid}}
-        self._event(ref, reason, message, type_)
+        """The one Event sender (the role runs its task); None when no Events are sent."""
+        return self.events.recorder()
 
     async def drain(self) -> None:
         """Write pending Events now, folded counts included (shutdown, tests)."""
-        if self._background:
-            await asyncio.gather(*list(self._background), return_exceptions=True)
-        if self._recorder is not None:
-            await self._recorder.flush()
+        await self.events.drain()
 
 
 def _node_names(args: Mapping[str, Any]) -> list[str]:
