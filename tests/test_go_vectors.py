@@ -1,4 +1,4 @@
-"""Every case of ../shared/vectors/hami-go-v2.10.json: what HAMi v2.10's own Go functions
+"""Every case of tests/data/hami-go-v2.10.json: what HAMi v2.10's own Go functions
 returned, against this project's readers and writers (issue 10 item 6).
 
 Each test asserts agreement with Go. The disagreements that stay are listed in DELIBERATE
@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from _shared import shared_json
+from _data import data_json
 
 from hami.backends.fake import FakeBackend
 from hami.core.cluster import Cluster
@@ -36,7 +36,7 @@ from hami.protocol import (
 from hami.protocol.nodelock import rfc3339
 from hami.protocol.register import encode_node_devices_json
 
-GO: dict[str, Any] = shared_json("vectors/hami-go-v2.10.json")
+GO: dict[str, Any] = data_json("hami-go-v2.10.json")
 
 # protocol.md §8: "this project rejects values Go accepts but cannot round-trip".
 NEGATIVE = "§8: negative counts, memory or cores are rejected (as usage they would add room)"

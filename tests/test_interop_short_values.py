@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from _node_helpers import ALLOCATED, NODE, TO_ALLOC, fake_backend
-from _shared import shared_json
+from _data import data_json
 
 from hami.backends.fake import FakeBackend
 from hami.core.cluster import Cluster
@@ -62,7 +62,7 @@ def test_the_issue_values_are_what_go_hamis_reader_reads() -> None:
     # The short values read the same in Go HAMi's own decoder (pod_devices_decode vectors):
     # one entry per container that got devices, and Go's extra empty one after the last ';'.
     cases = {
-        c["value"]: c["go"] for c in shared_json("vectors/hami-go-v2.10.json")["pod_devices_decode"]
+        c["value"]: c["go"] for c in data_json("hami-go-v2.10.json")["pod_devices_decode"]
     }
     assert cases["GPU-a,NVIDIA,3000,0:;"]["containers"][0][0]["usedmem"] == 3000
     assert len(cases["GPU-a,NVIDIA,3000,0:;"]["containers"]) == 2  # [dev], [] (not a container)

@@ -1,4 +1,4 @@
-"""Every case of ../shared/vectors/protocol.json against the codec."""
+"""Every case of tests/data/protocol.json against the codec."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from _shared import shared_json
+from _data import data_json
 
 from hami.protocol import (
     ContainerDevice,
@@ -20,7 +20,7 @@ from hami.protocol import (
     handshake,
 )
 
-VECTORS: dict[str, Any] = shared_json("vectors/protocol.json")
+VECTORS: dict[str, Any] = data_json("protocol.json")
 
 
 def _cases(section: str) -> list[Any]:
