@@ -76,6 +76,9 @@ class NodeConfig:
     name: str = ""  # env NODE_NAME overrides
     register_period: Duration = Duration(30)
     device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
+    # advertise each device's NUMA node to kubelet (Go HAMi's enableNumaTopology): off, as
+    # in Go HAMi, because kubelet's single-numa-node policy then rejects pods it would admit
+    numa_topology: bool = False
     http: HttpConfig = HttpConfig(port=9394)
     monitor: MonitorConfig = MonitorConfig()
     dra: DRANodeConfig = DRANodeConfig()
@@ -98,6 +101,9 @@ class WebhookConfig:
     configuration_name: str = "hami-webhook"  # the MutatingWebhookConfiguration
     hosts: str = ""  # extra names/IPs for the certificate, comma separated
     validity: Duration = Duration(365 * 24 * 3600)  # serving certificate; the CA lives 10x
+    # set on pods asking for an NVIDIA device that name no RuntimeClass (Go HAMi's
+    # devicePlugin.runtimeClassName); empty: left alone
+    runtime_class_name: str = ""
     request_timeout: Duration = Duration(5)  # as HttpConfig's
     max_pending_connections: int = 256
 

@@ -31,6 +31,7 @@ from hami import log
 from hami._proto.v1beta1 import api_grpc, api_pb2
 from hami.backends.base import BackendSettings, HealthCallback
 from hami.backends.fake import FakeBackend
+from hami.config import Config, NodeConfig
 from hami.node.allocate import (
     AllocateError,
     choose_pod,
@@ -168,6 +169,47 @@ async def test_registrar_writes_at_once_retries_and_reacts_to_health(tmp_path: P
 def short_dir() -> Iterator[Path]:
     with short_tmp_dir() as path:
         yield path
+
+
+@pytest.mark.parametrize("numa_topology", [False, True])
+async def test_numa_topology_reaches_kubelet_only_when_asked(
+    short_dir: Path, numa_topology: bool
+) -> None:
+    """node.numa_topology (Go HAMi's enableNumaTopology, off by default): the devices'
+    NUMA node goes to kubelet's topology manager only when turned on."""
+    kube = MemoryKube()
+    kubelet = MiniKubelet(short_dir)
+    await kubelet.start()
+    backend = FakeBackend(
+        BackendSettings(
+            split_count=2,
+            options={
+                "devices": [{"count": 2, "model": "NVIDIA-Test", "memory": 16384, "numa": 1}],
+                "uuid_prefix": "GPU-u",
+                "hamicore": {"containers_dir": str(short_dir / "containers")},
+            },
+        )
+    )
+    cfg = Config(node=NodeConfig(numa_topology=numa_topology))
+    try:
+        async with running_agent(short_dir, kube, backend, cfg):
+            await poll(lambda: len(kubelet.requests) == 1)
+            channel = Channel(path=str(short_dir / "hami-nvidia.sock"))
+            try:
+                stub = api_grpc.DevicePluginStub(channel)
+                async with stub.ListAndWatch.open() as lw:
+                    await lw.send_message(api_pb2.Empty(), end=True)
+                    listed = await lw.recv_message()
+                    await lw.cancel()
+            finally:
+                channel.close()
+    finally:
+        await kubelet.stop()
+    assert listed is not None and len(listed.devices) == 4
+    if numa_topology:
+        assert {tuple(n.ID for n in d.topology.nodes) for d in listed.devices} == {(1,)}
+    else:
+        assert not any(d.HasField("topology") for d in listed.devices)
 
 
 async def test_plugin_allocate_health_and_reregistration(short_dir: Path) -> None:

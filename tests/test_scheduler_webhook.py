@@ -113,6 +113,28 @@ def test_default_scheduler_is_replaced_other_kept_and_init_paths() -> None:
     assert ops == [{"op": "add", "path": "/spec/schedulerName", "value": "mine"}]
 
 
+def test_runtime_class_is_set_on_nvidia_pods_that_name_none() -> None:
+    """scheduler.webhook.runtime_class_name (the chart's devicePlugin.runtimeClassName) on
+    GPU pods, as Go HAMi's webhook sets it: never over the pod's own choice, never on pods
+    of other backends or of other schedulers, nothing when unset."""
+    runtime = {"op": "add", "path": "/spec/runtimeClassName", "value": "nvidia"}
+
+    def ops_for(body: dict[str, Any], runtime_class: str = "nvidia") -> list[dict[str, Any]]:
+        return patch_of(review(admission(body), [NVIDIA, MLU], "mine", runtime_class))
+
+    assert runtime in ops_for(pod({"nvidia.com/gpu": "1"}))
+    assert runtime in ops_for(pod({"nvidia.com/gpumem": "1000"}))  # a share alone counts too
+    stored = apply_patch(pod({"nvidia.com/gpu": "1"}), ops_for(pod({"nvidia.com/gpu": "1"})))
+    assert stored["spec"]["runtimeClassName"] == "nvidia"
+    own = pod({"nvidia.com/gpu": "1"})
+    own["spec"]["runtimeClassName"] = "kata"
+    assert not [op for op in ops_for(own) if op["path"] == "/spec/runtimeClassName"]
+    assert runtime not in ops_for(pod({"nvidia.com/gpu": "1"}), runtime_class="")
+    assert runtime not in ops_for(pod({"cambricon.com/vmlu": "1"}))
+    assert ops_for(pod({"nvidia.com/gpu": "1"}, "volcano")) == []
+    assert ops_for(pod({"cpu": "1"})) == []
+
+
 def stored_after(body: dict[str, Any], kinds: list[Any]) -> dict[str, Any]:
     """The pod after the webhook's patch."""
     return apply_patch(body, patch_of(review(admission(body), kinds, "hami-scheduler")))

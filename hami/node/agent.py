@@ -338,6 +338,7 @@ class NodeAgent:
             self.plugin_dir,
             poll=self.kubelet_poll,
             node=self.node,
+            numa_topology=self.cfg.node.numa_topology,
         )
         self.registrars[name] = registrar
         self.plugins[name] = plugin

@@ -37,12 +37,15 @@ def socket_name(type_word: str) -> str:
     return f"hami-{type_word}.sock"
 
 
-def list_response(state: DeviceState) -> api_pb2.ListAndWatchResponse:
-    """``split count`` replicas ``{uuid}-{i}`` per device, with its health and NUMA node."""
+def list_response(state: DeviceState, numa: bool = False) -> api_pb2.ListAndWatchResponse:
+    """``split count`` replicas ``{uuid}-{i}`` per device, with its health, and its NUMA
+    node when ``numa`` (node.numa_topology). Without it kubelet's topology manager sees no
+    hint for these devices, as with Go HAMi's default: a single-numa-node kubelet would
+    otherwise refuse pods whose CPUs and GPU replicas it cannot put on one NUMA node."""
     devices = []
     for device in state.devices:
         health = HEALTHY if device.healthy else UNHEALTHY
-        topology = api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=device.numa)])
+        topology = api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=device.numa)]) if numa else None
         for replica in state.replica_ids(device):
             devices.append(api_pb2.Device(ID=replica, health=health, topology=topology))
     return api_pb2.ListAndWatchResponse(devices=devices)
@@ -68,11 +71,17 @@ def container_response(allocation: ContainerAllocation) -> api_pb2.ContainerAllo
 
 class DevicePluginService(api_grpc.DevicePluginBase):
     def __init__(
-        self, state: DeviceState, allocator: Allocator, metrics: NodeMetrics, node: str = ""
+        self,
+        state: DeviceState,
+        allocator: Allocator,
+        metrics: NodeMetrics,
+        node: str = "",
+        numa_topology: bool = False,
     ) -> None:
         self.state = state
         self.allocator = allocator
         self.metrics = metrics
+        self.numa_topology = numa_topology
         self.log = _log.bind(role="node", node=node, backend=state.name)
 
     async def GetDevicePluginOptions(
@@ -90,7 +99,7 @@ class DevicePluginService(api_grpc.DevicePluginBase):
     ) -> None:
         await stream.recv_message()
         seen = self.state.version
-        await stream.send_message(list_response(self.state))
+        await stream.send_message(list_response(self.state, self.numa_topology))
         while True:
             seen = await self.state.wait_changed(seen)
             self.log.info(
@@ -98,7 +107,7 @@ class DevicePluginService(api_grpc.DevicePluginBase):
                 healthy=sum(1 for d in self.state.devices if d.healthy),
                 devices=len(self.state.devices),
             )
-            await stream.send_message(list_response(self.state))
+            await stream.send_message(list_response(self.state, self.numa_topology))
 
     async def GetPreferredAllocation(
         self,
@@ -180,6 +189,7 @@ class PluginServer:
         poll: float = 1.0,
         register_timeout: float = 5.0,
         node: str = "",
+        numa_topology: bool = False,
     ) -> None:
         self.state = state
         self.metrics = metrics
@@ -190,7 +200,7 @@ class PluginServer:
         self.kubelet_socket = self.plugin_dir / KUBELET_SOCKET
         self.poll = poll
         self.register_timeout = register_timeout
-        self.service = DevicePluginService(state, allocator, metrics, node)
+        self.service = DevicePluginService(state, allocator, metrics, node, numa_topology)
         self.resource = state.backend.resources.count
         self.log = _log.bind(role="node", node=node, backend=state.name, resource=self.resource)
         self.registered = asyncio.Event()  # set while registered with the current kubelet

@@ -164,12 +164,12 @@ def add_probe_routes(
     app.router.add_get("/metrics", metrics)
 
 
-def _webhook(scheduler: Scheduler, scheduler_name: str) -> Handler:
+def _webhook(scheduler: Scheduler, scheduler_name: str, runtime_class: str = "") -> Handler:
     async def webhook(request: web.Request) -> web.Response:
         body, error = await _json_body(request, MAX_WEBHOOK_BODY)
         if error is not None:
             return _json({"error": error}, status=400)
-        return _json(review(body, scheduler.kinds, scheduler_name))
+        return _json(review(body, scheduler.kinds, scheduler_name, runtime_class))
 
     return webhook
 
@@ -195,9 +195,11 @@ def probe_app(scheduler: Scheduler, ready: Readiness | None = None) -> web.Appli
     return app
 
 
-def webhook_app(scheduler: Scheduler, scheduler_name: str) -> web.Application:
+def webhook_app(
+    scheduler: Scheduler, scheduler_name: str, runtime_class: str = ""
+) -> web.Application:
     app = _app()
-    app.router.add_post("/webhook", _webhook(scheduler, scheduler_name))
+    app.router.add_post("/webhook", _webhook(scheduler, scheduler_name, runtime_class))
     app.router.add_get("/healthz", _healthz)
     return app
 

@@ -206,7 +206,9 @@ class SchedulerRole:
                 self.tls = ReloadingTLS(hook.cert_file, hook.key_file)
                 work.append(("webhook-tls", lambda: _watch_tls(self.tls)))
             host, port = await self._serve(
-                webhook_app(sched, settings.scheduler_name), hook, self.tls.context
+                webhook_app(sched, settings.scheduler_name, hook.runtime_class_name),
+                hook,
+                self.tls.context,
             )
             self.webhook_url = f"https://{_display(host)}:{port}/webhook"
 

@@ -20,7 +20,9 @@ For a pod that asks for a resource hami manages, it also
   the count (``scheduler.default_device_count``, 1) for a container that names only
   memory, percentage or cores; cores ``100`` (the whole device) for a count with neither
   memory nor cores, or with ``gpumem-percentage: 100``; ``CUDA_TASK_PRIORITY`` in the env of
-  a container with a ``nvidia.com/priority`` limit;
+  a container with a ``nvidia.com/priority`` limit; ``spec.runtimeClassName``
+  (``scheduler.webhook.runtime_class_name``, Go HAMi's ``devicePlugin.runtimeClassName``)
+  on a pod asking for an NVIDIA device that names no RuntimeClass;
 - denies a request the scheduler could never accept, saying what to fix.
 
 docs/interop.md "Webhook" lists where it still differs from Go HAMi's, and why.
@@ -50,6 +52,9 @@ from hami.protocol.objects import annotations_of, pod_containers
 
 _log = log.get(__name__)
 DEFAULT_SCHEDULER = "default-scheduler"
+# The backend whose pods get scheduler.webhook.runtime_class_name (Go HAMi sets its
+# devicePlugin.runtimeClassName only on pods asking for NVIDIA devices).
+RUNTIME_CLASS_TYPE = "nvidia"
 
 # Pod annotations only hami's roles write (protocol.md section 3).
 _DECISION_KEYS = frozenset({keys.VGPU_NODE, keys.VGPU_TIME, keys.BIND_TIME, keys.BIND_PHASE})
@@ -119,7 +124,10 @@ def for_hami(pod: Mapping[str, Any], scheduler_name: str) -> bool:
 
 
 def mutations(
-    pod: Mapping[str, Any], kinds: Sequence[DeviceKind], scheduler_name: str
+    pod: Mapping[str, Any],
+    kinds: Sequence[DeviceKind],
+    scheduler_name: str,
+    runtime_class: str = "",
 ) -> list[dict[str, Any]]:
     """JSON patch operations for a pod (empty when there is nothing to change).
 
@@ -136,6 +144,7 @@ def mutations(
     parse_pod(pod, kinds)  # raises RequestError with what to fix
     if (pod.get("spec") or {}).get("schedulerName") != scheduler_name:
         ops.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler_name})
+    ops += _runtime_class(pod, kinds, runtime_class)
     for position, container in enumerate(containers):
         if position < init_count:
             base = f"/spec/initContainers/{position}"
@@ -143,6 +152,20 @@ def mutations(
             base = f"/spec/containers/{position - init_count}"
         ops += container_defaults(container, base, kinds)
     return ops
+
+
+def _runtime_class(
+    pod: Mapping[str, Any], kinds: Sequence[DeviceKind], runtime_class: str
+) -> list[dict[str, Any]]:
+    """Set the RuntimeClass GPU containers need (e.g. nvidia, where the node's default
+    runtime does not expose the driver), unless the pod chose one itself."""
+    if not runtime_class or (pod.get("spec") or {}).get("runtimeClassName"):
+        return []
+    gpu_kinds = [kind for kind in kinds if kind.type_word == RUNTIME_CLASS_TYPE]
+    containers, _ = pod_containers(pod)
+    if not any(asks_for(c, gpu_kinds) for c in containers):
+        return []
+    return [{"op": "add", "path": "/spec/runtimeClassName", "value": runtime_class}]
 
 
 def container_defaults(
@@ -236,7 +259,9 @@ def _add_resource(
     return ops
 
 
-def review(body: Any, kinds: Sequence[DeviceKind], scheduler_name: str) -> dict[str, Any]:
+def review(
+    body: Any, kinds: Sequence[DeviceKind], scheduler_name: str, runtime_class: str = ""
+) -> dict[str, Any]:
     """An AdmissionReview request -> the AdmissionReview response."""
     request = body.get("request") if isinstance(body, Mapping) else None
     if not isinstance(request, Mapping):
@@ -245,7 +270,7 @@ def review(body: Any, kinds: Sequence[DeviceKind], scheduler_name: str) -> dict[
     pod = request.get("object")
     kind = (request.get("kind") or {}).get("kind", "Pod")
     if isinstance(pod, Mapping) and kind == "Pod":
-        _answer(response, pod, kinds, scheduler_name)
+        _answer(response, pod, kinds, scheduler_name, runtime_class)
     return {
         "apiVersion": body.get("apiVersion", "admission.k8s.io/v1")
         if isinstance(body, Mapping)
@@ -260,9 +285,10 @@ def _answer(
     pod: Mapping[str, Any],
     kinds: Sequence[DeviceKind],
     scheduler_name: str,
+    runtime_class: str = "",
 ) -> None:
     try:
-        ops = mutations(pod, kinds, scheduler_name)
+        ops = mutations(pod, kinds, scheduler_name, runtime_class)
     except RequestError as exc:
         _deny(response, 400, "BadRequest", str(exc))
         return
