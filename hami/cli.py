@@ -22,6 +22,13 @@ ROLES = {"node": "hami.node.role", "scheduler": "hami.scheduler.role"}
 # Such a module imports little at the top: ``hami version`` and ``--help`` build every parser,
 # and the heavy libraries (kubernetes_asyncio, aiohttp, ...) are imported by ``func`` only.
 EXTRA_COMMANDS = ("hami.scheduler.explain_cli",)
+# The top-level --help text: plain text (the module docstring is reStructuredText for
+# developers, and its backticks used to show up here).
+DESCRIPTION = """\
+Share GPUs and other AI accelerators between Kubernetes pods (a Python HAMi).
+One program for both roles: 'hami run --role node' is the node agent (a DaemonSet on
+every GPU node), 'hami run --role scheduler' the scheduler extender and its webhook.
+'hami COMMAND --help' describes a command."""
 DEMO_DESCRIPTION = """\
 Starts etcd, kube-apiserver and kube-scheduler as local processes (building them first when
 they are missing), the hami scheduler role as kube-scheduler's extender and three simulated
@@ -30,7 +37,9 @@ fit stays Pending, and shuts everything down (--keep: keeps it running until Ctr
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hami", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="hami", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--version", action="version", version=f"hami {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

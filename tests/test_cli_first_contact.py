@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -181,3 +183,24 @@ def test_the_license_is_an_spdx_expression(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     metadata = (tmp_path / done.stdout.split()[-1] / "METADATA").read_text()
     assert "License-Expression: Apache-2.0" in metadata.splitlines()
+
+
+def _all_help(parser: argparse.ArgumentParser) -> Iterator[tuple[str, str]]:
+    yield parser.prog, parser.format_help()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _all_help(sub)
+
+
+def test_help_is_plain_text() -> None:
+    from hami.cli import build_parser
+
+    pages = dict(_all_help(build_parser()))
+    assert {"hami", "hami run", "hami devices", "hami explain", "hami demo"} <= set(pages)
+    # reStructuredText from docstrings (``literal``, :role:) is markup, not help.
+    leaks = {prog: text for prog, text in pages.items() if "``" in text or ":func:" in text}
+    assert leaks == {}
+    top = pages["hami"]
+    assert "hami run --role node" in top
+    assert "hami run --role scheduler" in top

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from hami import buildinfo
 from hami.backends.base import Device
 
 if TYPE_CHECKING:
@@ -28,6 +29,8 @@ class NodeMetrics:
         self.registry = registry or CollectorRegistry()
         self._usage: UsageCollector | None = None
         r = self.registry
+        # As Go HAMi's vGPU monitor, the node side that serves its /metrics.
+        buildinfo.register(r)
         self.devices = Gauge(
             "hami_node_devices",
             "Devices found by a backend, by health",

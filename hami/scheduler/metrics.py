@@ -32,6 +32,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
+from hami import buildinfo
 from hami.core.cluster import Cluster, NodeState, PodRecord
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -303,6 +304,8 @@ class SchedulerMetrics:
         self.cluster_text = ClusterText(cluster)
         # False: leave the cluster gauges out (a replica that does not lead).
         self.cluster_gauges = True
+        # Go HAMi's scheduler registers it beside its cluster collector (no zone label).
+        buildinfo.register(self.registry)
         self.filter_seconds = Histogram(
             "hami_filter_duration_seconds",
             "Time to answer an extender filter call, by outcome",
