@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: help install controlplane manifests lint test check demo proto bench gpu-check interop clean
+.PHONY: help install controlplane manifests lint test check demo proto bench gpu-check interop image clean
 
 help:
 	@echo "install       create $(VENV) and install hami with its dev tools"
@@ -16,6 +16,7 @@ help:
 	@echo "bench         run the benchmarks in bench/"
 	@echo "gpu-check     prove the NVIDIA backend on this machine's GPU (one line, exit 0 without one)"
 	@echo "interop       Go HAMi's scheduler with this project's node agents (needs HAMI_SRC; docs/interop.md)"
+	@echo "image         build the image of both roles with docker, podman or buildah (IMAGE, TAG)"
 
 $(BIN)/hami: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +62,11 @@ interop: install controlplane
 	@test -n "$$HAMI_SRC" || { echo "interop: set HAMI_SRC to a Go HAMi source tree (docs/interop.md)"; exit 2; }
 	bash scripts/build-hami-go.sh >/dev/null
 	$(BIN)/pytest -q -rA tests/test_interop_go.py
+
+# The chart's default image (ghcr.io/hami-py/hami:VERSION) with whatever OCI builder is
+# here; says why in one line when none can run. Releases: .github/workflows/release.yaml.
+image:
+	@IMAGE='$(IMAGE)' TAG='$(TAG)' bash scripts/build-image.sh
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
