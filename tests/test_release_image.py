@@ -280,3 +280,30 @@ def test_buildah_and_a_chosen_builder(bin_dir: Path) -> None:
     broken = build_image(bin_dir, IMAGE_BUILDER="kaniko")
     assert broken.returncode == 2
     assert "IMAGE_BUILDER=kaniko" in broken.stderr
+
+
+def test_readme_install_commands_run_the_image_make_image_builds() -> None:
+    from test_chart import helm, helm_binary
+
+    if not helm_binary().is_file():
+        pytest.skip(f"no helm at {helm_binary()} (make controlplane builds it)")
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Running on a cluster") :]
+    block = section[section.index("```sh\n") + 6 :]
+    block = block[: block.index("```")].replace("\\\n", " ")
+    lines = [line.split("#")[0].split() for line in block.splitlines()]
+    make = next(words for words in lines if words[:2] == ["make", "image"])
+    image = make[2].removeprefix("IMAGE=")
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    push = next(words for words in lines if words[1:2] == ["push"])
+    assert push[2] == f"{image}:{version}"  # the tag build-image.sh gives by default
+    install = next(words for words in lines if words[:2] == ["helm", "install"])
+    sets = [install[i + 1] for i, word in enumerate(install) if word == "--set"]
+    args = [a for s in sets for a in ("--set", s)]
+    rendered = helm("template", "hami", str(ROOT / "charts" / "hami"), *args).stdout
+    hami_images = {
+        line.split("image:")[1].strip()
+        for line in rendered.splitlines()
+        if "image:" in line and "hami-py/hami" in line
+    }
+    assert hami_images == {f"{image}:{version}"}
