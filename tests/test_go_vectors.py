@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,6 +38,7 @@ from hami.protocol import (
 from hami.protocol.nodelock import rfc3339
 from hami.protocol.register import encode_node_devices_json
 
+ROOT = Path(__file__).resolve().parent.parent
 GO: dict[str, Any] = data_json("hami-go-v2.10.json")
 
 # protocol.md §8: "this project rejects values Go accepts but cannot round-trip".
@@ -139,6 +142,50 @@ def _judge(section: str, case: dict[str, Any], agrees: bool, detail: str) -> Non
 def test_every_section_is_covered() -> None:
     assert set(GO) - {"about", "keys"} == SECTIONS, "new vector sections need tests"
     assert GO["about"]["hami"] == "4707fb02c91c545bc7343ce26dba4c32919f9a3e"
+    assert "scripts/gen-go-vectors.sh codec" in GO["about"]["command"]
+
+
+_STAMP = re.compile(r"\{now-(\d+)([smh])(?::(\w+))?\}")
+_LAYOUTS = {None: "%Y-%m-%d %H:%M:%S", "dots": "%Y.%m.%d %H:%M:%S", "rfc3339": "%Y-%m-%dT%H:%M:%SZ"}
+
+
+def _expand(template: str, now: datetime) -> str:
+    def one(m: re.Match[str]) -> str:
+        ago = timedelta(seconds=int(m[1]) * {"s": 1, "m": 60, "h": 3600}[m[2]])
+        return (now.replace(microsecond=0) - ago).strftime(_LAYOUTS[m[3]])
+
+    return _STAMP.sub(one, template)
+
+
+_INPUTS = {"name", "value", "devices", "containers", "namespace", "pod", "zone_offset_s"}
+
+
+def _inputs(section: str, case: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a vectors case that the generator took from cases.json."""
+    picked = {k: v for k, v in case.items() if k in _INPUTS | {"allocatable"}}
+    if section in ("register_json_encode", "register_legacy_encode", "node_lock_generate"):
+        picked.pop("value", None)  # Go's output there
+    if "devices" in picked:  # MIG profiles are recorded as a count
+        picked["devices"] = [
+            {k: v for k, v in d.items() if k != "migProfiles"}
+            | ({"mig_profiles": len(d["migProfiles"])} if "migProfiles" in d else {})
+            for d in picked["devices"]
+        ]
+    return picked
+
+
+def test_the_vectors_are_the_generators_output_for_the_committed_cases() -> None:
+    # tools/gohami-vectors/codec/cases.json is what scripts/gen-go-vectors.sh feeds Go HAMi;
+    # a case edited there (or here) without running the generator again fails.
+    cases = json.loads((ROOT / "tools/gohami-vectors/codec/cases.json").read_text())
+    assert set(cases) - {"about"} == SECTIONS
+    for section in SECTIONS:
+        made = GO[section]
+        assert [c["name"] for c in made] == [c["name"] for c in cases[section]], section
+        for given, out in zip(cases[section], made, strict=True):
+            if section == "handshake" and given["value"] is not None:
+                given = given | {"value": _expand(given["value"], _now(out))}
+            assert _inputs(section, given) == _inputs(section, out), (section, given["name"])
 
 
 def test_the_keys_are_go_hamis() -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _node_helpers import ALLOCATED, NODE, TO_ALLOC, fake_backend
 from _data import data_json
+from _node_helpers import ALLOCATED, NODE, TO_ALLOC, fake_backend
 
 from hami.backends.fake import FakeBackend
 from hami.core.cluster import Cluster

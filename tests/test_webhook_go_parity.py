@@ -1,8 +1,8 @@
 """This project's webhook against Go HAMi's own, pod spec by pod spec.
 
 ``tests/data/go-webhook-vectors.json`` holds what Go HAMi v2.10's webhook (its handler and the
-NVIDIA device's ``MutateAdmission``, run by ``scripts/gen-go-webhook-vectors.sh``) answered for
-each pod of ``scripts/gohami-vectors/webhook/specs.json``. Each pod goes through
+NVIDIA device's ``MutateAdmission``, run by ``scripts/gen-go-vectors.sh webhook``) answered for
+each pod of ``tools/gohami-vectors/webhook/specs.json``. Each pod goes through
 ``hami.scheduler.webhook.review`` with the default configuration's device kinds, and both
 stored pods are compared: admitted or not, ``schedulerName``, annotations, runtime class, and
 per container its resources (requests completed from limits, as the API server does after the
@@ -28,7 +28,7 @@ from hami.scheduler.webhook import review
 
 ROOT = Path(__file__).resolve().parent.parent
 VECTORS = json.loads((ROOT / "tests/data/go-webhook-vectors.json").read_text())
-SPECS = json.loads((ROOT / "scripts/gohami-vectors/webhook/specs.json").read_text())
+SPECS = json.loads((ROOT / "tools/gohami-vectors/webhook/specs.json").read_text())
 GO_COMMIT = "4707fb02c91c545bc7343ce26dba4c32919f9a3e"  # docs/interop.md
 KINDS = device_kinds(config.from_mapping({}, env={}))
 SCHEDULER = "hami-scheduler"
@@ -108,7 +108,7 @@ def differing(a: dict[str, Any], b: dict[str, Any]) -> set[str]:
 
 def test_vectors_come_from_the_pinned_commit_and_cover_every_spec() -> None:
     assert VECTORS["commit"] == GO_COMMIT
-    assert "gen-go-webhook-vectors.sh" in VECTORS["command"]
+    assert "gen-go-vectors.sh webhook" in VECTORS["command"]
     assert [v["name"] for v in VECTORS["vectors"]] == [c["name"] for c in SPECS["cases"]]
     assert set(DIFFERENCES) <= {c["name"] for c in SPECS["cases"]}
 

@@ -2,7 +2,7 @@
 // package's handler, which calls every device's MutateAdmission) and writes what it did, so
 // that this project's webhook can be compared with it case by case
 // (tests/test_webhook_go_parity.py). It is built against an unpacked Go HAMi tree by
-// scripts/gen-go-webhook-vectors.sh; nothing of Go HAMi is copied into this repository.
+// scripts/gen-go-vectors.sh; nothing of Go HAMi is copied into this repository.
 //
 //	webhook -specs specs.json -out vectors.json -commit <sha> -command "<how it was run>"
 package main
@@ -119,8 +119,8 @@ func run(specsPath, outPath, commit, command, goVersion string) error {
 	}
 	file := vectorFile{
 		About: "Go HAMi's own webhook (pkg/scheduler webhook + every device's MutateAdmission) " +
-			"run on each pod of scripts/gohami-vectors/webhook/specs.json; made by " +
-			"scripts/gen-go-webhook-vectors.sh, compared by tests/test_webhook_go_parity.py",
+			"run on each pod of tools/gohami-vectors/webhook/specs.json; made by " +
+			"scripts/gen-go-vectors.sh webhook, compared by tests/test_webhook_go_parity.py",
 		Commit: commit, Command: command, Config: deviceConfig, GoVersion: goVersion,
 		Scheduler: config.SchedulerName, ForceOver: config.ForceOverwriteDefaultScheduler,
 	}
