@@ -18,6 +18,7 @@ CLUSTER_SCOPED = {
     "MutatingWebhookConfiguration",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
+    "RuntimeClass",
 }
 
 
@@ -32,7 +33,10 @@ def collection_path(doc: dict[str, Any]) -> str:
     group_version = doc["apiVersion"]
     base = f"/api/{group_version}" if "/" not in group_version else f"/apis/{group_version}"
     kind = doc["kind"].lower()
-    plural = kind[:-1] + "ies" if kind.endswith("y") else kind + "s"
+    if kind.endswith("y"):
+        plural = kind[:-1] + "ies"
+    else:
+        plural = kind + ("es" if kind.endswith("s") else "s")
     if doc["kind"] in CLUSTER_SCOPED:
         return f"{base}/{plural}"
     return f"{base}/namespaces/{doc['metadata']['namespace']}/{plural}"

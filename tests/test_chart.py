@@ -33,6 +33,11 @@ from hami.testkit.controlplane import ENV_DIR, KUBERNETES_VERSION, default_cache
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "hami"
 HAMI_VALUES = ROOT / "tests" / "data" / "hami-values.yaml"
+# A typical Go HAMi values file, and the keys of Go HAMi's own values.yaml (its commit named
+# in the file): docs/operations.md must give each a verdict.
+GOHAMI_VALUES = ROOT / "tests" / "data" / "gohami-typical-values.yaml"
+GOHAMI_KEYS = ROOT / "tests" / "data" / "gohami-values-keys.txt"
+OPERATIONS = ROOT / "docs" / "operations.md"
 # What a cluster tells helm and `helm template` cannot know.
 SERVICE_MONITOR_API = "monitoring.coreos.com/v1/ServiceMonitor"
 
@@ -114,8 +119,8 @@ HAMI_STYLE = ("vgpu", "gpu-system", ("-f", str(HAMI_VALUES), "--api-versions", S
 
 @pytest.mark.parametrize(
     "values",
-    [(), ("-f", str(HAMI_VALUES)), ("--set", "devicePlugin.mode=dra")],
-    ids=["defaults", "hami", "dra"],
+    [(), ("-f", str(HAMI_VALUES)), ("--set", "devicePlugin.mode=dra"), ("-f", str(GOHAMI_VALUES))],
+    ids=["defaults", "hami", "dra", "gohami"],
 )
 def test_helm_lint_is_clean(values: tuple[str, ...]) -> None:
     result = helm("lint", "--strict", str(CHART), *values)
@@ -372,6 +377,137 @@ def test_config_value_merges_over_the_rendered_config() -> None:
     assert hami_cfg.scheduler.scheduler_name == "hami-scheduler"  # the rest stays
 
 
+# --------------------------------------------------------------------------- Go HAMi's values
+
+GOHAMI_STYLE = ("vgpu", "gpu-system", ("-f", str(GOHAMI_VALUES)))
+
+
+def _go_table() -> dict[str, str]:
+    """Go HAMi key -> verdict, from the table in docs/operations.md "Go HAMi's values"."""
+    text = OPERATIONS.read_text()
+    section = text[text.index("### Go HAMi's values") :]
+    section = section[: section.index("\n#", 1)]
+    verdicts: dict[str, str] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`"):
+            continue
+        for key in cells[0].split(","):
+            verdicts[key.strip().split(" ")[0].strip("`")] = cells[1]
+    return verdicts
+
+
+def test_every_go_hami_value_has_a_verdict_in_the_docs() -> None:
+    lines = GOHAMI_KEYS.read_text().splitlines()
+    assert "4707fb02c91c545bc7343ce26dba4c32919f9a3e" in "".join(lines[:4])
+    keys = [line for line in lines if line and not line.startswith("#")]
+    assert len(keys) == 110 and len(set(keys)) == 110
+    verdicts = _go_table()
+    missing = [k for k in keys if k not in verdicts]
+    assert not missing, f"docs/operations.md has no row for {missing}"
+    odd = {k: verdicts[k] for k in keys if verdicts[k] not in ("same", "mapped", "refused")}
+    assert not odd, odd
+
+
+def test_a_typical_go_hami_values_file_renders_what_it_asks_for() -> None:
+    release, namespace, args = GOHAMI_STYLE
+    docs = render(*args, release=release, namespace=namespace)
+    objs = by_key(docs)
+    hami_cfg, sched = configs(docs, release)
+    assert sched["profiles"][0]["schedulerName"] == "vgpu-scheduler"
+    assert (hami_cfg.scheduler.node_policy, hami_cfg.scheduler.device_policy) == (
+        "spread",
+        "binpack",
+    )
+    backend = hami_cfg.backends["nvidia"]
+    assert (backend.split_count, backend.memory_scaling) == (5, 2)
+    nvidia = registry.create("nvidia", backend.settings("nvidia"))
+    assert nvidia.resources.all() == [
+        "nvidia.com/vgpu",
+        "nvidia.com/vgpu-memory",
+        "nvidia.com/gpumem-percentage",
+        "nvidia.com/vgpu-cores",
+    ]
+    assert hami_cfg.log.level == "debug"  # Go's extender flag --debug
+    assert hami_cfg.node.numa_topology is True
+    assert hami_cfg.scheduler.webhook.runtime_class_name == "nvidia"
+    assert (hami_cfg.scheduler.http.address, hami_cfg.scheduler.http.port) == ("0.0.0.0", 9500)
+    deployment = objs[("Deployment", "vgpu-hami-scheduler")]
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["metadata"]["annotations"] == {"team": "gpu-platform"}
+    spec = deployment["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}
+    kube_scheduler = container(spec, "kube-scheduler")
+    # Go HAMi <= 2.6's imageTag; its own --config is the chart's; its -v=4 replaces --v=2
+    assert kube_scheduler["image"] == "mirror.example.com/kube-scheduler:v1.34.2"
+    assert kube_scheduler["command"] == [
+        "kube-scheduler",
+        "--config=/etc/kube-scheduler/kube-scheduler.yaml",
+        "--v=4",
+    ]
+    hami = container(spec, "hami")
+    # global.imageTag is Go HAMi's version: never this project's tag
+    assert hami["image"] == "mirror.example.com/hami-py/hami:0.1.0"
+    assert {"name": "http", "containerPort": 9500} in hami["ports"]
+    service = objs[("Service", "vgpu-hami-scheduler")]["spec"]
+    assert service["type"] == "NodePort"
+    ports = {p["name"]: (p["port"], p["nodePort"]) for p in service["ports"]}
+    assert ports == {"http": (31993, 31993), "webhook": (443, 31998)}
+    node = pod_spec(docs, "DaemonSet", "vgpu-hami-node")
+    assert node["runtimeClassName"] == "nvidia"
+    assert node["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert container(node, "install-hami-core")["image"] == (
+        "mirror.example.com/projecthami/hami:v2.10.0"  # HAMi-core from Go HAMi's own image
+    )
+    assert container(node, "hami")["image"] == "mirror.example.com/hami-py/hami:0.1.0"
+    assert objs[("RuntimeClass", "nvidia")]["handler"] == "nvidia"
+    webhook = objs[("MutatingWebhookConfiguration", "vgpu-hami-webhook")]["webhooks"][0]
+    assert {"key": "gpu.example.com/skip", "operator": "DoesNotExist"} in webhook["objectSelector"][
+        "matchExpressions"
+    ]
+    assert webhook["clientConfig"]["service"]["port"] == 443
+
+
+def test_defaults_keep_numa_topology_and_runtime_class_off() -> None:
+    hami_cfg, _ = configs(render())
+    assert hami_cfg.node.numa_topology is False
+    assert hami_cfg.scheduler.webhook.runtime_class_name == ""
+    assert hami_cfg.backends["nvidia"].register_format == "seed"
+    assert hami_cfg.log.level == "info"
+    hami_cfg, _ = configs(render("--set", "devicePlugin.registerFormat=json"))
+    assert hami_cfg.backends["nvidia"].register_format == "json"
+    docs = render(
+        "--set", "scheduler.patch.enabled=false", "--set", "scheduler.livenessProbe=false"
+    )
+    hami_cfg, _ = configs(docs)
+    assert hami_cfg.scheduler.webhook.tls_mode == "files"  # your Secret, Go's patch off
+    spec = pod_spec(docs, "Deployment", "hami-scheduler")
+    assert {"name": "tls", "secret": {"secretName": "hami-scheduler-tls"}} in spec["volumes"]
+    assert not [c for c in spec["containers"] if "livenessProbe" in c]
+
+
+@pytest.mark.parametrize(
+    ("setting", "words"),
+    [
+        ("devicePlugin.migStrategy=mixed", ["devicePlugin.migStrategy", "MIG"]),
+        ("devices.ascend.enabled=true", ["devices.ascend.enabled", "no backend"]),
+        ("dcuResourceName=hygon.com/x", ["dcuResourceName", "no backend"]),
+        ("scheduler.kubeScheduler.extraNewArgs={--config=/x.yaml}", ["--config=/x.yaml"]),
+        ("scheduler.extender.extraArgs={--gpu-scheduler-policy=spread}", ["extraArgs", "config"]),
+        ("scheduler.service.monitorTargetPort=9000", ["monitorTargetPort", "metricsBindAddress"]),
+        ("scheduler.extender.image.repository=projecthami/hami", ["Go HAMi's image"]),
+        ("devicePlugin.nvidiaDriverRoot=/run/nvidia/driver", ["nvidiaDriverRoot"]),
+        ("scheduler.forceOverwriteDefaultScheduler=false", ["forceOverwriteDefaultScheduler"]),
+        ("global.gpuHookPath=/opt", ["gpuHookPath", "/usr/local/vgpu"]),
+    ],
+)
+def test_go_values_hami_cannot_honour_fail_with_the_reason(setting: str, words: list[str]) -> None:
+    result = helm("template", "hami", str(CHART), "--set", setting, check=False)
+    assert result.returncode != 0, result.stdout
+    for word in words:
+        assert word in result.stderr, result.stderr
+
+
 DRA = ("--set", "devicePlugin.mode=dra")
 DRA_RULES = {
     "resourceslices": ["create", "delete", "get", "update"],
@@ -524,8 +660,9 @@ async def _dry_run_all(kube: Kube, docs: Docs) -> None:
         HAMI_STYLE,
         ("hami", "hami-certs", ("--set", "scheduler.certManager.enabled=true")),
         ("hami-dra", "hami-dra", DRA),
+        ("vgpu", "gohami-style", GOHAMI_STYLE[2]),
     ],
-    ids=["defaults", "hami-values", "cert-manager", "dra"],
+    ids=["defaults", "hami-values", "cert-manager", "dra", "gohami-values"],
 )
 async def test_every_rendered_object_passes_server_side_dry_run(
     kube: Kube, release: str, namespace: str, args: tuple[str, ...]

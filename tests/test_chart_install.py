@@ -18,7 +18,7 @@ import pytest
 import pytest_asyncio
 import yaml
 from _manifest_helpers import apply, documents
-from test_chart import CHART, HAMI_VALUES, helm_binary
+from test_chart import CHART, GOHAMI_VALUES, HAMI_VALUES, helm_binary
 
 from hami.kube.client import Kube, open_client
 from hami.kube.raw import NotFound
@@ -157,3 +157,47 @@ async def test_hami_style_values_install_upgrade_and_uninstall(
     for path in cluster_scoped:
         with pytest.raises(NotFound):
             await kube.request("GET", path)
+
+
+async def test_a_typical_go_hami_values_file_installs(
+    plane: ControlPlane, kube: Kube, tmp_path: Path
+) -> None:
+    """docs/operations.md "Go HAMi's values": Go HAMi's common overrides, as a Go HAMi user
+    writes them, install as they are and the API server stores what they ask for."""
+    namespace = "gohami-system"
+    helm(
+        plane, tmp_path, "install", "vgpu", str(CHART), "--namespace", namespace,
+        "--create-namespace", "-f", str(GOHAMI_VALUES),
+    )  # fmt: skip
+    try:
+        apps = f"/apis/apps/v1/namespaces/{namespace}"
+        deployment = await kube.request("GET", f"{apps}/deployments/vgpu-hami-scheduler")
+        spec = deployment["spec"]["template"]["spec"]
+        images = {c["name"]: c["image"] for c in spec["containers"]}
+        assert images["kube-scheduler"] == "mirror.example.com/kube-scheduler:v1.34.2"
+        assert images["hami"] == "mirror.example.com/hami-py/hami:0.1.0"
+        daemonset = await kube.request("GET", f"{apps}/daemonsets/vgpu-hami-node")
+        node = daemonset["spec"]["template"]["spec"]
+        assert node["runtimeClassName"] == "nvidia"
+        assert node["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+        service = await kube.request(
+            "GET", f"/api/v1/namespaces/{namespace}/services/vgpu-hami-scheduler"
+        )
+        assert service["spec"]["type"] == "NodePort"
+        assert sorted(p["nodePort"] for p in service["spec"]["ports"]) == [31993, 31998]
+        await kube.request("GET", "/apis/node.k8s.io/v1/runtimeclasses/nvidia")
+        config = yaml.safe_load(
+            (
+                await kube.request(
+                    "GET", f"/api/v1/namespaces/{namespace}/configmaps/vgpu-hami-config"
+                )
+            )["data"]["hami.yaml"]
+        )
+        assert config["backends"]["nvidia"]["split_count"] == 5
+        assert config["backends"]["nvidia"]["memory_scaling"] == 2
+        assert config["backends"]["nvidia"]["resources"]["count"] == "nvidia.com/vgpu"
+        assert config["scheduler"]["node_policy"] == "spread"
+        assert config["node"]["numa_topology"] is True
+        assert config["scheduler"]["webhook"]["runtime_class_name"] == "nvidia"
+    finally:
+        helm(plane, tmp_path, "uninstall", "vgpu", "--namespace", namespace)
