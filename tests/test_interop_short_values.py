@@ -61,9 +61,7 @@ def go_pod(
 def test_the_issue_values_are_what_go_hamis_reader_reads() -> None:
     # The short values read the same in Go HAMi's own decoder (pod_devices_decode vectors):
     # one entry per container that got devices, and Go's extra empty one after the last ';'.
-    cases = {
-        c["value"]: c["go"] for c in data_json("hami-go-v2.10.json")["pod_devices_decode"]
-    }
+    cases = {c["value"]: c["go"] for c in data_json("hami-go-v2.10.json")["pod_devices_decode"]}
     assert cases["GPU-a,NVIDIA,3000,0:;"]["containers"][0][0]["usedmem"] == 3000
     assert len(cases["GPU-a,NVIDIA,3000,0:;"]["containers"]) == 2  # [dev], [] (not a container)
     assert len(decode_pod_devices(f"{X};")) == 1
