@@ -12,10 +12,9 @@ from typing import Any
 import pytest
 from _manifest_helpers import apply, documents
 from _sched_helpers import FakeClock, create_pod, gpu_pod, running_scheduler, unique
-from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
-from hami.kube.client import Kube, open_client
+from hami.kube.client import ApiSession, Kube, open_client
 from hami.kube.raw import JSON
 from hami.kube.recorder import EventRecorder
 from hami.testkit.cluster import LocalCluster, NodeSpec, limits, poll
@@ -151,7 +150,7 @@ async def test_a_hung_api_server_never_blocks_the_caller(kube: Kube) -> None:
     registry = CollectorRegistry()
     pod: dict[str, Any] = {"metadata": {"namespace": "x", "name": "p", "uid": "u"}}
     try:
-        async with client.ApiClient(configuration) as api:
+        async with ApiSession(configuration) as api:
             recorder = EventRecorder(Kube(api), registry=registry, queue_size=100)
             async with _sending(recorder):
                 recorder.record(pod, "FilteringFailed", "first", "Warning")

@@ -1,6 +1,8 @@
 """The one Kubernetes client of both roles and the test kit: ``Kube``.
 
-``open_client`` builds it (in-cluster, else a kubeconfig file). Every method speaks plain
+``open_client`` builds it (in-cluster, else a kubeconfig file: ``hami.kube.kubeconfig``)
+on an ``hami.kube.session.ApiSession``; neither imports kubernetes_asyncio's generated
+client package (36 MiB of the node agent's memory otherwise). Every method speaks plain
 JSON dicts (the generated models cost far more to build than the JSON they come from, and
 the roles read only a few fields) and follows one retry policy (``hami.kube.raw``): capped
 exponential back-off with full jitter on HTTP 429 (honouring ``Retry-After``), 5xx and
@@ -16,15 +18,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp.helpers import get_env_proxy_for_url
-from kubernetes_asyncio import client, config
 from yarl import URL
 
+from hami.kube.kubeconfig import (
+    KubeConfigError,
+    default_kubeconfig,
+    load_cluster_config,
+)
 from hami.kube.raw import (
     DEFAULT_RETRY,
     DEFAULT_TIMEOUT,
@@ -38,6 +45,9 @@ from hami.kube.raw import (
     parse_retry_after,
     with_retry,
 )
+from hami.kube.session import ApiSession
+
+__all__ = ["ApiSession", "Kube", "KubeConfigError", "open_client"]
 
 Query = Sequence[tuple[str, Any]]
 Timeout = float | aiohttp.ClientTimeout | None
@@ -45,8 +55,23 @@ LIST_TIMEOUT = 120.0
 PAGE_SIZE = 500
 
 
-class KubeConfigError(RuntimeError):
-    """No way to reach the API server was found; the message says which were tried."""
+class Transport(Protocol):
+    """What ``Kube`` sends through: an ``ApiSession``, or kubernetes_asyncio's
+    ``ApiClient`` (same keywords; tests that need its generated API build one)."""
+
+    async def call_api(
+        self,
+        resource_path: str,
+        method: str,
+        *,
+        query_params: Any = None,
+        header_params: Any = None,
+        body: Any = None,
+        auth_settings: Any = None,
+        _preload_content: bool = ...,
+        _return_http_data_only: Any = None,
+        _request_timeout: Any = None,
+    ) -> Any: ...
 
 
 def node_path(name: str) -> str:
@@ -75,13 +100,13 @@ def annotation_patch(
 class Kube:
     """An authenticated session to the API server plus the retry policy its requests follow.
 
-    ``api`` is the underlying kubernetes_asyncio ``ApiClient`` (its configuration and
-    default headers), for the rare code that needs it; everything else goes through the
-    methods. ``sleep`` and ``clock`` drive the retry back-off (injectable for tests)."""
+    ``api`` is the underlying session (``ApiSession``: its configuration and default
+    headers), for the rare code that needs it; everything else goes through the methods.
+    ``sleep`` and ``clock`` drive the retry back-off (injectable for tests)."""
 
     def __init__(
         self,
-        api: client.ApiClient,
+        api: Transport,
         retry: RetryPolicy = DEFAULT_RETRY,
         *,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
@@ -267,16 +292,25 @@ class Kube:
                 _return_http_data_only=True,
                 _request_timeout=request_timeout,
             )
-        except client.exceptions.ApiException as exc:
-            raise KubeError(exc.status or 0, str(exc.reason), str(exc.body or ""), path) from exc
         except aiohttp.ClientConnectorError as exc:
             # Refused or unresolvable: the request never left this process.
             raise Unreachable(repr(exc), path, sent=False) from exc
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise Unreachable(repr(exc), path, sent=True) from exc
+        except Exception as exc:
+            if not _is_api_exception(exc):
+                raise
+            raise KubeError(exc.status or 0, str(exc.reason), str(exc.body or ""), path) from exc  # type: ignore[attr-defined]
         if not 200 <= response.status <= 299:
             raise await _status_error(response, path)
         return response
+
+
+def _is_api_exception(exc: Exception) -> bool:
+    """kubernetes_asyncio's ApiException (only its ApiClient raises one), checked without
+    importing its client package where nothing else did."""
+    module = sys.modules.get("kubernetes_asyncio.client.exceptions")
+    return module is not None and isinstance(exc, module.ApiException)
 
 
 async def _status_error(response: aiohttp.ClientResponse, path: str) -> KubeError:
@@ -320,39 +354,34 @@ async def _json_lines(response: aiohttp.ClientResponse) -> AsyncIterator[JSON]:
 # --------------------------------------------------------------------------- construction
 
 
-async def load_configuration(kubeconfig: str | None = None) -> client.Configuration:
+async def load_configuration(kubeconfig: str | None = None) -> Any:
+    """kubernetes_asyncio's ``Configuration`` of the same choice as ``open_client``, for code
+    that uses its generated API (tests). Imports ``kubernetes_asyncio.client``: the roles
+    never call it."""
+    from kubernetes_asyncio import client, config
+
     configuration = client.Configuration()
     if kubeconfig:
         await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-        return configuration
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        return configuration
-    path = _default_kubeconfig()
-    await config.load_kube_config(config_file=path, client_configuration=configuration)
-    return configuration
-
-
-def _default_kubeconfig() -> str:
-    path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-    if not os.path.exists(path):
-        raise KubeConfigError(
-            "no API server configured: not in a cluster (KUBERNETES_SERVICE_HOST unset) and no "
-            f"kubeconfig at {path}; pass --kubeconfig or set KUBECONFIG"
+    else:
+        await config.load_kube_config(
+            config_file=default_kubeconfig(), client_configuration=configuration
         )
-    return path
+    return configuration
 
 
 @asynccontextmanager
 async def open_client(
     kubeconfig: str | os.PathLike[str] | None = None, retry: RetryPolicy = DEFAULT_RETRY
 ) -> AsyncIterator[Kube]:
-    """A ``Kube`` whose HTTP session is closed on exit."""
-    configuration = await load_configuration(os.fspath(kubeconfig) if kubeconfig else None)
+    """A ``Kube`` whose HTTP session is closed on exit. Configuration errors raise
+    ``KubeConfigError`` naming the file (or variable) and the fix."""
+    configuration = await load_cluster_config(os.fspath(kubeconfig) if kubeconfig else None)
     if configuration.proxy is None:
-        configuration.proxy = env_proxy(str(configuration.host))
-    async with client.ApiClient(configuration) as api:
-        _no_environment_per_request(api)
+        configuration.proxy = env_proxy(configuration.host)
+    async with ApiSession(configuration) as api:
         yield Kube(api, retry)
 
 
@@ -365,13 +394,3 @@ def env_proxy(server: str) -> str | None:
             proxy = proxy.with_user(auth.login).with_password(auth.password)
         return str(proxy)
     return None
-
-
-def _no_environment_per_request(api: client.ApiClient) -> None:
-    """kubernetes_asyncio opens its session with ``trust_env=True``, so aiohttp hands every
-    request to a worker thread twice (``~/.netrc``, then the proxy variables): about a third
-    of the scheduler's CPU per placed pod. The proxy is resolved once (``env_proxy``) and
-    the API server authenticates by token or client certificate, never by netrc."""
-    session = api.rest_client.pool_manager
-    if isinstance(session, aiohttp.ClientSession) and hasattr(session, "_trust_env"):
-        session._trust_env = False

@@ -7,10 +7,11 @@ Enable with `pytest_plugins = ["hami.testkit.pytest_plugin"]` in a conftest.py.
   that uses it errors with the reason and how to fix it; nothing is skipped.
 - `kubeconfig` (session): path of its kubeconfig file.
 - `kube` (function, async): a `hami.kube.client.Kube` for it (plain JSON, hami's retry
-  policy; `kube.api` is the underlying kubernetes_asyncio `ApiClient`), closed after the
+  policy; `kube.api` is the underlying `hami.kube.session.ApiSession`), closed after the
   test.
-- `core_v1` (function): kubernetes_asyncio's generated `CoreV1Api` on that session, for
-  tests that check the control plane against the standard client.
+- `core_v1` (function, async): kubernetes_asyncio's generated `CoreV1Api` on a session of
+  its own (its `ApiClient`), for tests that check the control plane against the standard
+  client.
 - `namespace` (function, async): a fresh namespace; its pods are force-deleted afterwards.
 - `kube_scheduler` (function): `await kube_scheduler(config, name=None)` starts a
   kube-scheduler with that KubeSchedulerConfiguration (dict or YAML) and returns its
@@ -37,7 +38,7 @@ from typing import Any
 
 import pytest
 
-from hami.kube.client import Kube, open_client, pods_path
+from hami.kube.client import Kube, load_configuration, open_client, pods_path
 from hami.kube.raw import KubeError
 from hami.testkit.controlplane import (
     ControlPlane,
@@ -104,10 +105,12 @@ async def kube(controlplane: ControlPlane) -> AsyncIterator[Kube]:
 
 
 @pytest.fixture
-def core_v1(kube: Kube) -> Any:
+async def core_v1(controlplane: ControlPlane) -> AsyncIterator[Any]:
     from kubernetes_asyncio import client
 
-    return client.CoreV1Api(kube.api)
+    configuration = await load_configuration(str(controlplane.kubeconfig))
+    async with client.ApiClient(configuration) as api:
+        yield client.CoreV1Api(api)
 
 
 async def _force_delete_pods(kube: Kube, field_selector: str) -> None:
