@@ -813,3 +813,88 @@ async def test_dra_node_agent_rbac_and_policy_let_it_write_only_its_nodes_slices
         ):
             with contextlib.suppress(KubeError):
                 await kube.request("DELETE", path)
+
+
+async def test_extra_decision_writers_may_write_decisions_others_still_may_not(
+    controlplane: Any, kube: Kube, namespace: str
+) -> None:
+    """admissionPolicy.extraDecisionWriters (a cluster moving from Go HAMi: its scheduler
+    and device plugin keep writing decisions), applied for real: the named user writes a
+    pod's bind-phase, a user not named is still refused by the decision policy."""
+    suffix = os.urandom(3).hex()
+    release = f"hami-{suffix}"
+    go_plugin = f"system:serviceaccount:{namespace}:go-hami-device-plugin"
+    stranger = f"system:serviceaccount:{namespace}:someone-else"
+    docs = render(
+        "--set", f"admissionPolicy.extraDecisionWriters={{{go_plugin}}}",
+        release=release, namespace=namespace,
+    )  # fmt: skip
+    name = f"{release}-decision-annotations"
+    objs = [d for d in docs if d["metadata"]["name"] == name]
+    assert {d["kind"] for d in objs} == {
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
+    for doc in objs:  # narrowed to this test's namespace (the policy concerns every user)
+        if doc["kind"] == "ValidatingAdmissionPolicyBinding":
+            doc["spec"]["matchResources"] = {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+            }
+    # both users may patch pods as far as RBAC goes: only the policy tells them apart
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": f"patch-pods-{suffix}", "namespace": namespace},
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": f"patch-pods-{suffix}", "namespace": namespace},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": role["metadata"]["name"],
+        },
+        "subjects": [
+            {"kind": "User", "name": go_plugin, "apiGroup": "rbac.authorization.k8s.io"},
+            {"kind": "User", "name": stranger, "apiGroup": "rbac.authorization.k8s.io"},
+        ],
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"p-{suffix}"},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }
+    await kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=pod)
+    pod_path = f"/api/v1/namespaces/{namespace}/pods/p-{suffix}"
+    try:
+        for doc in (role, binding, *objs):
+            await apply(kube, doc)
+        async with aiohttp.ClientSession() as session:
+            theirs = As(controlplane, session, go_plugin, "")
+            other = As(controlplane, session, stranger, "")
+            # the binding reaches the admission plugin through an informer: wait until it
+            # bites on the stranger (RBAC may lag too)
+            answer: tuple[int, str] = (0, "")
+            try:
+                async with asyncio.timeout(30):
+                    attempt = 0
+                    while not (answer[0] == 403 and name in answer[1]):
+                        attempt += 1  # a new value each time: an unchanged one is no change
+                        probe = {"hami.io/bind-phase": f"probe-{attempt}"}
+                        answer = await other.annotate(pod_path, probe)
+                        await asyncio.sleep(0.2)
+            except TimeoutError:
+                pytest.fail(f"{name} never refused a user it does not name: {answer}")
+            allowed(await theirs.annotate(pod_path, {"hami.io/bind-phase": "success"}))
+            denied(await other.annotate(pod_path, {"hami.io/bind-phase": "failed"}), name)
+            stored = await kube.request("GET", pod_path)
+            assert stored["metadata"]["annotations"]["hami.io/bind-phase"] == "success"
+    finally:
+        for doc in (*objs, binding, role):
+            with contextlib.suppress(KubeError):
+                await kube.request("DELETE", object_path(doc))
+        with contextlib.suppress(KubeError):
+            await kube.request("DELETE", pod_path)
