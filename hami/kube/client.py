@@ -27,11 +27,8 @@ import aiohttp
 from aiohttp.helpers import get_env_proxy_for_url
 from yarl import URL
 
-from hami.kube.kubeconfig import (
-    KubeConfigError,
-    default_kubeconfig,
-    load_cluster_config,
-)
+from hami.kube.kubeconfig import KubeConfigError as KubeConfigError  # the roles catch it here
+from hami.kube.kubeconfig import default_kubeconfig, load_cluster_config
 from hami.kube.raw import (
     DEFAULT_RETRY,
     DEFAULT_TIMEOUT,
@@ -45,9 +42,7 @@ from hami.kube.raw import (
     parse_retry_after,
     with_retry,
 )
-from hami.kube.session import ApiSession
-
-__all__ = ["ApiSession", "Kube", "KubeConfigError", "open_client"]
+from hami.kube.session import ApiSession as ApiSession
 
 Query = Sequence[tuple[str, Any]]
 Timeout = float | aiohttp.ClientTimeout | None
