@@ -187,6 +187,17 @@ async def test_merged_files_first_one_wins(tmp_path: Path, recorder: Recorder) -
     assert await cfg.authorization() == "Bearer from-b"
 
 
+async def test_auth_provider_users_are_loaded_by_kubernetes_asyncio(tmp_path: Path) -> None:
+    """The legacy gcp/oidc auth-providers stay with kubernetes_asyncio's loader: an oidc
+    id-token that has not expired is sent as is."""
+    claims = base64.b64encode(json.dumps({"exp": 4102444800}).encode()).decode().rstrip("=")
+    id_token = f"e30.{claims}.sig"
+    user = {"auth-provider": {"name": "oidc", "config": {"id-token": id_token}}}
+    cfg = await load_kubeconfig(str(kubeconfig(tmp_path / "config", "http://h", user)))
+    assert cfg.host == "http://h"
+    assert await cfg.authorization() == f"Bearer {id_token}"
+
+
 EXEC_PLUGIN = """
 import json, os, pathlib, sys
 runs = pathlib.Path(sys.argv[1])
