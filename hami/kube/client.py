@@ -183,9 +183,11 @@ class Kube:
             if not token:
                 return items, str(meta.get("resourceVersion") or "")
 
-    async def create(self, path: str, body: Any) -> JSON:
+    async def create(
+        self, path: str, body: Any, *, request_timeout: float = DEFAULT_TIMEOUT
+    ) -> JSON:
         """POST ``body`` to a collection (or a subresource such as a Binding)."""
-        return await self.request("POST", path, body=body)
+        return await self.request("POST", path, body=body, request_timeout=request_timeout)
 
     async def delete(self, path: str, body: Any = None, *, query: Query = ()) -> JSON:
         return await self.request("DELETE", path, body=body, query=query)
@@ -244,6 +246,7 @@ class Kube:
         node: str,
         *,
         resource_version: str | None = None,
+        request_timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         """Create the pod's Binding to ``node`` (what kube-scheduler's default binder does).
 
@@ -260,7 +263,9 @@ class Kube:
             body["metadata"]["uid"] = uid
         if resource_version:
             body["metadata"]["resourceVersion"] = resource_version
-        await self.create(pod_path(namespace, name) + "/binding", body)
+        await self.create(
+            pod_path(namespace, name) + "/binding", body, request_timeout=request_timeout
+        )
 
     # ------------------------------------------------------------------ one try
 

@@ -55,6 +55,10 @@ LOCK_POLL_SECONDS = 2.0
 # Pods filter let through (they ask for no device hami manages): /bind binds only those.
 PASSED_MEMORY = 4096
 _DIGITS = re.compile(r"^\d+$")
+# The Binding is given up this soon: a lock whose pod is still unbound past the bind window
+# (scheduler.bind_lock_wait plus 5 s, hami.scheduler.service.BIND_WINDOW_SLACK) may be taken
+# over, so no Binding of ours may still be in flight by then.
+BINDING_TIMEOUT = 4.0
 
 STANDBY = (
     "hami scheduler replica is on standby (another replica leads); kube-scheduler retries the pod"
@@ -285,7 +289,12 @@ class Binder:
             self._fence(Step.BINDING, key, record, deadline, fit=True)
             try:
                 await self._kube().bind_pod(
-                    namespace, name, uid, record.node, resource_version=version
+                    namespace,
+                    name,
+                    uid,
+                    record.node,
+                    resource_version=version,
+                    request_timeout=BINDING_TIMEOUT,
                 )
                 return
             except Conflict as exc:
