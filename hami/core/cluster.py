@@ -15,7 +15,15 @@ order and stops after the first few that fit (see ``decide``).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Collection, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    Callable,
+    Collection,
+    Hashable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -52,6 +60,8 @@ DEFAULT_DECISION_TIMEOUT = timedelta(seconds=90)
 # A vgpu-time this far ahead of our clock is not one we wrote: the deadline runs from when
 # the decision was first seen instead (protocol.md §2 "Far-off timestamps").
 FUTURE_SLACK = timedelta(minutes=5)
+# A walk this long without enough fits asks whether any node's summary allows the request.
+PRECHECK_AFTER = 256
 
 
 @dataclass(slots=True, eq=False)
@@ -184,6 +194,60 @@ class DeviceRow:
     available: bool
 
 
+class Candidates(Collection[str]):
+    """A decision's candidate node names as the caller got them (a filter call's freshly
+    decoded list), read only as far as the decision needs.
+
+    Copying, converting or hashing every name costs more than deciding at tens of
+    thousands of nodes, so that happens once, only on the paths that read every name
+    (no fit, a short list, a busy node), via ``strings``; elements that are not strings
+    (a malformed body) count as ``str()`` of them, as they always did.
+    """
+
+    __slots__ = ("_set", "_strings", "compared", "raw", "same")
+
+    def __init__(self, raw: Collection[Any]) -> None:
+        self.raw = raw
+        self._strings: list[str] | None = None
+        self._set: Collection[str] | None = None
+        # whether raw equals ``compared`` (the cluster's remembered list when it looked)
+        self.compared: list[str] | None = None
+        self.same = False
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.strings())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.as_set()
+
+    def strings(self) -> list[str]:
+        """Every name as a string, in order (the list itself when it holds only strings)."""
+        if self._strings is None:
+            raw = self.raw
+            if isinstance(raw, list) and raw and set(map(type, raw)) == {str}:
+                self._strings = raw
+            else:
+                self._strings = [n if type(n) is str else str(n) for n in raw]
+        return self._strings
+
+    def as_set(self) -> Collection[str]:
+        if self._set is None:
+            raw = self.raw
+            if isinstance(raw, set | frozenset) and all(type(n) is str for n in raw):
+                self._set = raw
+            else:
+                self._set = set(self.strings())
+        return self._set
+
+    def sequence(self) -> Sequence[Any] | None:
+        """The names as an indexable list (positions mean something), else None."""
+        raw = self.raw
+        return raw if isinstance(raw, list | tuple) else None
+
+
 class Cluster:
     def __init__(
         self,
@@ -214,6 +278,12 @@ class Cluster:
         # are reused while it stays the same (hami.core.nofit).
         self.generation = 0
         self.no_fit = nofit.NoFitCache()
+        self.summaries = nofit.Summaries()  # nodes grouped by summary (no-fit answers)
+        # The latest long candidate list that had to be read whole, and where each of
+        # its names was: a later list with a name at the same place holds it (checked
+        # in O(1)), which is what spares reading every name of every call.
+        self._seen_names: list[str] = []
+        self._seen_at: dict[str, int] = {}
         # Nodes and pod keys whose state changed since a reader (the metrics cache) took
         # them; None until a reader installs a set, so nothing piles up unread.
         self.changed_nodes: set[str] | None = None
@@ -427,6 +497,7 @@ class Cluster:
         """Something a decision reads changed on ``node`` (hami.core.nofit)."""
         self.generation += 1
         self.no_fit.changed(self.generation, node)
+        self.summaries.changed(node)
 
     def _node_changed(self, node: NodeState) -> None:
         self._changed(node.name)
@@ -772,14 +843,18 @@ class Cluster:
 
         With ``namespace``, a fit must also fit that namespace's quota (``hami.core.quota``):
         a pod that cannot fit it anywhere is refused before any node is fitted.
+
+        The candidates are read only as far as the answer needs (``Candidates``): a
+        placement costs the nodes visited, not the length of the list.
         """
+        cands = _candidates(candidates)
         if namespace is not None:
             over = self.quotas.precheck(namespace, request)
             if over is not None:
-                names = self.nodes.keys() if candidates is None else candidates
+                names = self.nodes.keys() if cands is None else cands.strings()
                 return Decision(None, failed=dict.fromkeys(names, over))
-        no_fit_key = self._no_fit_key(request, candidates, namespace)
-        known = self._known_no_fit(request, candidates, namespace, no_fit_key)
+        no_fit_key = self._no_fit_key(request, cands, namespace)
+        known = self._known_no_fit(request, cands, namespace, no_fit_key)
         if known is not None:
             return Decision(None, failed=known)  # asked before, and still nothing fits
         node_policy = request.node_policy or self.node_policy
@@ -788,10 +863,7 @@ class Cluster:
         binpack = node_policy == BINPACK
         found: list[tuple[float, str, NodeFit]] = []
         evaluated = 0
-        for name in self._ordered(candidates, binpack):
-            node = self.nodes[name]
-            if not _may_fit(node, needs):
-                continue
+        for name, node in self._walk(cands, binpack, needs):
             evaluated += 1
             result = fit_pod(node.views, request, device_policy)
             if isinstance(result, NodeFit) and not self._quota_miss(namespace, result):
@@ -803,38 +875,41 @@ class Cluster:
         if found:
             key, name, fit = min(found, key=lambda item: (item[0], item[1]))
             return Decision(name, fit, -key if binpack else key, evaluated=evaluated)
-        failed = self._no_fit(request, candidates, needs, namespace, no_fit_key)
+        failed = self._no_fit(request, cands, needs, namespace, no_fit_key)
         return Decision(None, failed=failed, evaluated=evaluated)
 
     def _no_fit(
         self,
         request: PodRequest,
-        candidates: Collection[str] | None,
+        cands: Candidates | None,
         needs: tuple[Need, ...],
         namespace: str | None,
         key: Hashable,
     ) -> dict[str, str]:
         """Every candidate's reason when none fits (``hami.core.nofit``): shared, not to
         be changed, and kept for the same question (``key``)."""
-        names = self.nodes.keys() if candidates is None else candidates
+        names: Collection[str] = self.nodes.keys() if cands is None else cands.strings()
         failed: dict[str, str]
         if len(names) <= nofit.DETAIL_NODES:
             failed = self.explain(request, names, namespace=namespace)
             detailed: Sequence[str] = list(failed)
         else:
-            failed, detailed = nofit.reasons(
-                self.nodes,
-                names,
-                needs,
-                lambda allowed: self.explain(request, allowed, namespace=namespace),
+            self.summaries.sync(self.nodes)
+            failed, detailed = self.summaries.reasons(
+                names, needs, lambda allowed: self.explain(request, allowed, namespace=namespace)
             )
-        self.no_fit.put(key, nofit.Answer(self.generation, failed, tuple(detailed)))
+        kept = None
+        if cands is not None and cands.sequence() is not None:
+            # the key holds a sample of the names; these tell a hit from a look-alike
+            seen = self._seen_names
+            kept = seen if cands.compared is seen and cands.same else list(cands.strings())
+        self.no_fit.put(key, nofit.Answer(self.generation, failed, tuple(detailed), kept))
         return failed
 
     def _known_no_fit(
         self,
         request: PodRequest,
-        candidates: Collection[str] | None,
+        cands: Candidates | None,
         namespace: str | None,
         key: Hashable,
     ) -> dict[str, str] | None:
@@ -845,9 +920,11 @@ class Cluster:
         answer = self.no_fit.get(key)
         if answer is None:
             return None
+        if answer.names is not None and (cands is None or not self._same(cands, answer.names)):
+            return None  # another list with the same sampled key
         if answer.generation == self.generation:
             return answer.failed
-        changed = None if candidates is None else self.no_fit.changed_since(answer.generation)
+        changed = None if cands is None else self.no_fit.changed_since(answer.generation)
         if changed is None or len(changed) > nofit.MAX_RECHECK:
             return None  # every node is a candidate (new ones too), or too much changed
         old = answer.failed
@@ -858,7 +935,9 @@ class Cluster:
             # a detailed reason can also be the namespace's quota, which any pod changes
             again.extend(name for name in answer.detailed if name not in changed)
         needs = _needs(request)
-        summaries = len(old) > nofit.DETAIL_NODES
+        # as when it was computed: by the length of the list (repeats count), not the answer
+        asked = answer.names if answer.names is not None else old
+        summaries = len(asked) > nofit.DETAIL_NODES
         update: dict[str, str] = {}
         detailed: list[str] = []
         for name in again:
@@ -870,18 +949,24 @@ class Cluster:
                 detailed.append(name)
             update[name] = why
         failed = old if all(old[n] == why for n, why in update.items()) else {**old, **update}
-        self.no_fit.put(key, nofit.Answer(self.generation, failed, tuple(detailed)))
+        self.no_fit.put(key, nofit.Answer(self.generation, failed, tuple(detailed), answer.names))
         return failed
 
     def _no_fit_key(
-        self, request: PodRequest, candidates: Collection[str] | None, namespace: str | None
+        self, request: PodRequest, cands: Candidates | None, namespace: str | None
     ) -> Hashable:
-        """What a no-fit answer depends on besides the generation."""
+        """What a no-fit answer depends on besides the generation (O(1) in the number of
+        candidates: a sample of them, the rest is compared on a hit)."""
         limits = None
         if namespace is not None:
             limits = tuple((r.resource.name, r.limit) for r in self.quotas.status(namespace))
         shape = nofit.request_shape(request, request.device_policy or self.device_policy)
-        return (shape, limits, nofit.candidates_key(candidates))
+        if cands is None:
+            names: Hashable = None
+        else:
+            sequence = cands.sequence()
+            names = nofit.sampled_key(sequence) if sequence is not None else tuple(cands.strings())
+        return (shape, limits, names)
 
     def _quota_miss(self, namespace: str | None, fit: NodeFit) -> str | None:
         """Why ``fit`` would take the namespace over its quota, or None."""
@@ -889,26 +974,112 @@ class Cluster:
             return None
         return self.quotas.exceeded_by_hold(namespace, fit.usage, fit_types(fit))
 
-    def _ordered(self, candidates: Collection[str] | None, binpack: bool) -> Iterator[str]:
+    def _walk(
+        self, cands: Candidates | None, binpack: bool, needs: tuple[Need, ...]
+    ) -> Iterator[tuple[str, NodeState]]:
+        """The candidates their summaries do not rule out, in policy order.
+
+        A short list (under an eighth of the indexed nodes) is a set, walked along the
+        index for a while and then sorted; a long one is walked along the index, and
+        only the nodes the summaries allow are looked up in it (``_member``). Either
+        stops early when no node's summary allows the request (``_may_fit_anywhere``):
+        a pod that fits nowhere does not walk every node.
+        """
         index = self._desc if binpack else self._asc
-        if candidates is None:
-            for _key, name in index:
-                yield name
+        nodes = self.nodes
+        if cands is not None and len(cands) * 8 < len(index):
+            yield from self._walk_few(cands, index, binpack, needs)
             return
-        if len(candidates) * 8 < len(index):
-            keyed: list[tuple[float, str]] = []
-            for name in candidates:
-                node = self.nodes.get(name)
-                if node is not None and node.order_key is not None:
-                    keyed.append((-node.order_key if binpack else node.order_key, name))
-            keyed.sort()
-            for _key, name in keyed:
-                yield name
-            return
-        wanted = candidates if isinstance(candidates, set | frozenset) else set(candidates)
-        for _key, name in index:
+        member = None if cands is None else self._member(cands)
+        for step, (_key, name) in enumerate(index):
+            if step == PRECHECK_AFTER and not self._may_fit_anywhere(needs):
+                return
+            node = nodes[name]
+            if _may_fit(node, needs) and (member is None or member(name)):
+                yield name, node
+
+    def _walk_few(
+        self,
+        cands: Candidates,
+        index: list[tuple[float, str]],
+        binpack: bool,
+        needs: tuple[Need, ...],
+    ) -> Iterator[tuple[str, NodeState]]:
+        wanted = cands.as_set()
+        nodes = self.nodes
+        # Walking the index finds the first candidates at once when they are spread
+        # over it; past a few times the list's length, sorting the rest costs less.
+        budget = 4 * len(wanted) + 64
+        last: tuple[float, str] | None = None
+        for step, entry in enumerate(index):
+            if step == budget:
+                break
+            if step == PRECHECK_AFTER and not self._may_fit_anywhere(needs):
+                return
+            name = entry[1]
             if name in wanted:
-                yield name
+                node = nodes[name]
+                if _may_fit(node, needs):
+                    yield name, node
+            last = entry
+        else:
+            return
+        rest: list[tuple[float, str]] = []
+        for name in wanted:
+            known = nodes.get(name)
+            if known is not None and known.order_key is not None:
+                entry = (-known.order_key if binpack else known.order_key, name)
+                if last is None or entry > last:
+                    rest.append(entry)
+        rest.sort()
+        for _key, name in rest:
+            node = nodes[name]
+            if _may_fit(node, needs):
+                yield name, node
+
+    def _member(self, cands: Candidates) -> Callable[[str], bool]:
+        """Whether a name is in a long candidate list, exactly, mostly in O(1): a name
+        found where the remembered list had it is in this one; otherwise this list is
+        compared with the remembered one once (a few hundred microseconds at 65,000
+        names), and read whole and remembered when it differs."""
+        sequence = cands.sequence()
+        if sequence is None:
+            return cands.as_set().__contains__
+        size = len(sequence)
+
+        def member(name: str) -> bool:
+            at = self._seen_at.get(name)
+            if at is not None and at < size and sequence[at] == name:
+                return True
+            if self._same(cands, self._seen_names):
+                return at is not None
+            self._remember(cands)
+            return name in self._seen_at
+
+        return member
+
+    def _same(self, cands: Candidates, names: list[str]) -> bool:
+        """Whether the candidates are ``names``, element by element (compared in C, once
+        per list and call)."""
+        if cands.compared is names:
+            return cands.same
+        sequence = cands.sequence()
+        if sequence is None:
+            return cands.strings() == names
+        same = (sequence if isinstance(sequence, list) else list(sequence)) == names
+        cands.compared, cands.same = names, same
+        return same
+
+    def _remember(self, cands: Candidates) -> None:
+        """Read a long list whole, once: where each name is, for the next lists."""
+        names = cands.strings()
+        self._seen_names = list(names)
+        self._seen_at = dict(zip(names, range(len(names)), strict=True))
+        cands.compared, cands.same = self._seen_names, True
+
+    def _may_fit_anywhere(self, needs: tuple[Need, ...]) -> bool:
+        self.summaries.sync(self.nodes)
+        return self.summaries.may_fit_anywhere(needs)
 
     def explain(
         self, request: PodRequest, names: Iterable[str], *, namespace: str | None = None
@@ -1136,6 +1307,12 @@ def _kubelet_says_no(
 
 
 Need = tuple[str, int, int, int, bool]  # type, count, memory (0: relative), cores, exclusive
+
+
+def _candidates(candidates: Collection[str] | None) -> Candidates | None:
+    if candidates is None or isinstance(candidates, Candidates):
+        return candidates
+    return Candidates(candidates)
 
 
 def _needs(request: PodRequest) -> tuple[Need, ...]:

@@ -153,6 +153,9 @@ class Answer:
     generation: int  # the cluster's generation when it was last brought up to date
     failed: dict[str, str]  # node -> reason: shared, callers must not change it
     detailed: tuple[str, ...]  # nodes whose reason came from the detailed path
+    # The candidate names it answers, in order (None: every node, or the key holds them):
+    # the key holds only a sample of them, so a hit is checked against these.
+    names: list[str] | None = None
 
 
 class NoFitCache:
@@ -214,3 +217,154 @@ def summary_message(counts: Mapping[str, int]) -> str:
 def candidates_key(candidates: Collection[str] | None) -> Hashable:
     """The candidate set's identity: None (every node) or its names in order."""
     return None if candidates is None else tuple(candidates)
+
+
+SAMPLES = 8  # names of a candidate list in its cache key (the rest is compared on a hit)
+
+
+def sampled_key(names: Sequence[object]) -> Hashable:
+    """A candidate list's key in O(1): its length and a few names spread over it. Two
+    lists may share it, so an answer found by it is used only when its names are equal
+    (``Answer.names``): hashing or copying every name of every call is what this avoids."""
+    count = len(names)
+    picked = range(0, count, max(1, -(-count // SAMPLES)))
+    return (count, *(_as_str(names[i]) for i in picked), _as_str(names[-1]) if count else None)
+
+
+def _as_str(value: object) -> str:
+    return value if type(value) is str else str(value)
+
+
+# ---------------------------------------------------------------------------- summaries
+
+
+@dataclass(frozen=True, slots=True)
+class TypeSnapshot:
+    """A ``TypeSummary`` as it was: what ``summary_reason`` reads of one type."""
+
+    available: bool
+    reason: str | None
+    devices: range  # only its length is read
+    free_devices: int
+    idle_devices: int
+    max_free_memory: int
+    max_free_cores: int
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class NodeSnapshot:
+    """A ``NodeSummary`` as it was."""
+
+    exists: bool
+    types: Mapping[str, TypeSnapshot]
+
+
+def summary_key(node: NodeSummary) -> Hashable:
+    """What ``summary_reason`` reads of ``node``, as a key: equal keys, equal reasons."""
+    return (
+        node.exists,
+        tuple(
+            sorted(
+                (
+                    word,
+                    t.available,
+                    t.reason,
+                    len(t.devices),
+                    t.free_devices,
+                    t.idle_devices,
+                    t.max_free_memory,
+                    t.max_free_cores,
+                )
+                for word, t in node.types.items()
+            )
+        ),
+    )
+
+
+def snapshot(node: NodeSummary) -> NodeSnapshot:
+    """``node``'s summary as it is now, kept apart from the node."""
+    types = {
+        word: TypeSnapshot(
+            t.available,
+            t.reason,
+            range(len(t.devices)),
+            t.free_devices,
+            t.idle_devices,
+            t.max_free_memory,
+            t.max_free_cores,
+        )
+        for word, t in node.types.items()
+    }
+    return NodeSnapshot(node.exists, types)
+
+
+class Summaries:
+    """Nodes grouped by what ``summary_reason`` reads of them (few groups: node shapes
+    times fill levels), so that a question is answered once per group, not per node.
+
+    The cluster names every node it changes (``changed``, the same calls that bump its
+    generation) and ``sync`` regroups those before any use.
+    """
+
+    def __init__(self) -> None:
+        self._dirty: set[str] = set()
+        self._of: dict[str, int] = {}  # node -> group
+        self._ids: dict[Hashable, int] = {}  # snapshot key -> group
+        self._snapshots: dict[int, NodeSnapshot] = {}  # group -> its summary
+        self._keys: dict[int, Hashable] = {}
+        self._counts: dict[int, int] = {}  # group -> its nodes (live groups only)
+        self._next = 0
+
+    def changed(self, name: str) -> None:
+        self._dirty.add(name)
+
+    def sync(self, nodes: Mapping[str, NodeSummary]) -> None:
+        """Regroup the nodes changed since the last call."""
+        for name in self._dirty:
+            old = self._of.pop(name, None)
+            if old is not None:
+                left = self._counts[old] - 1
+                if left:
+                    self._counts[old] = left
+                else:  # forget empty groups: fill levels come and go
+                    del self._counts[old], self._snapshots[old]
+                    del self._ids[self._keys.pop(old)]
+            node = nodes.get(name)
+            if node is None:
+                continue
+            key = summary_key(node)
+            group = self._ids.get(key)
+            if group is None:
+                group = self._ids[key] = self._next
+                self._next += 1
+                self._keys[group], self._snapshots[group] = key, snapshot(node)
+                self._counts[group] = 0
+            self._of[name] = group
+            self._counts[group] += 1
+        self._dirty.clear()
+
+    def may_fit_anywhere(self, needs: Sequence[Need]) -> bool:
+        """Whether the summaries of any known node allow ``needs`` (after ``sync``)."""
+        return any(summary_reason(s, needs) is None for s in self._snapshots.values())
+
+    def reasons(
+        self,
+        names: Collection[str],
+        needs: Sequence[Need],
+        detail: Callable[[list[str]], Mapping[str, str]],
+    ) -> tuple[dict[str, str], list[str]]:
+        """``reasons`` (the same answer) with one ``summary_reason`` per group: the
+        per-name work is dictionary look-ups done in C (after ``sync``)."""
+        groups = list(map(self._of.get, names))
+        why: dict[int | None, str | None] = {None: NODE_UNREGISTERED}
+        for group in set(groups):
+            if group is not None:
+                why[group] = summary_reason(self._snapshots[group], needs)
+        answer: dict[str, str] = dict(zip(names, map(why.__getitem__, groups), strict=True))  # type: ignore[arg-type]
+        allowed: list[str] = []
+        if any(reason is None for reason in why.values()):
+            allowed = [name for name in names if answer[name] is None]  # in order, repeats kept
+            for name in allowed:
+                answer[name] = ""
+            answer.update(detail(allowed))
+        return answer, allowed

@@ -24,7 +24,7 @@ from typing import Any
 from hami import log
 from hami.config import SchedulerConfig
 from hami.core import nofit
-from hami.core.cluster import Cluster, Decision
+from hami.core.cluster import Candidates, Cluster, Decision
 from hami.core.requests import DeviceKind, PodRequest, RequestError, parse_pod
 from hami.kube.client import Kube
 from hami.kube.nodelock import LockRules
@@ -310,8 +310,9 @@ class Scheduler:
             return {"NodeNames": [], "FailedNodes": {}, "Error": str(exc)}, "error"
         if request is None:
             self.binder.passed_through(str(metadata_of(pod).get("uid") or ""))
+            strings = names.strings()
             return _with_nodes(
-                args, {"NodeNames": names, "FailedNodes": {}, "Error": ""}, names
+                args, {"NodeNames": strings, "FailedNodes": {}, "Error": ""}, strings
             ), "passthrough"
         self.events.warn_once(pod, request.warnings)
         self.expire_reservations(full=False)
@@ -321,6 +322,11 @@ class Scheduler:
         # the pod must not compete with its own stale hold, or on a full cluster it never
         # fits again. No await until the hold is settled, so no other call sees the gap.
         earlier = self.cluster.pods.get(key)
+        if earlier is not None and earlier.bound:
+            # our watch saw it bound: kube-scheduler's picture is behind (an API outage);
+            # its hold is real and stays
+            message = f"hami filter: pod {key} is already bound to node {earlier.node}"
+            return {"NodeNames": [], "FailedNodes": {}, "Error": message}, "error"
         if earlier is not None:
             self.cluster.release(key)
         decision = self._decide(request, names, key)
@@ -360,7 +366,7 @@ class Scheduler:
         answer = {"NodeNames": [decision.node], "FailedNodes": {}, "Error": ""}
         return _with_nodes(args, answer, [decision.node]), "scheduled"
 
-    def _decide(self, request: PodRequest, names: list[str], key: str) -> Decision:
+    def _decide(self, request: PodRequest, names: Candidates, key: str) -> Decision:
         """The cluster's decision, trying nodes whose lock is held suspiciously long last:
         their holder may have lost its Allocate, and binds there would wait and fail."""
         namespace = key.partition("/")[0]
@@ -408,15 +414,19 @@ class Scheduler:
         await self.events.drain()
 
 
-def _node_names(args: Mapping[str, Any]) -> list[str]:
+def _node_names(args: Mapping[str, Any]) -> Candidates:
+    """The node names kube-scheduler sent, not copied: a decision reads only the few it
+    needs (``Candidates``; copying 65,000 names cost more than the decision)."""
     names = args.get("nodenames")
     if isinstance(names, list):
-        return [str(n) for n in names]
+        return Candidates(names)
     nodes = args.get("nodes")
     items = nodes.get("items") if isinstance(nodes, Mapping) else None
     if isinstance(items, list):
-        return [str(metadata_of(i).get("name")) for i in items if isinstance(i, Mapping)]
-    return []
+        return Candidates(
+            [str(metadata_of(i).get("name")) for i in items if isinstance(i, Mapping)]
+        )
+    return Candidates([])
 
 
 def _with_nodes(args: Mapping[str, Any], answer: Json, chosen: Sequence[str]) -> Json:
