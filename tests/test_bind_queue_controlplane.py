@@ -255,7 +255,19 @@ async def test_a_pod_bound_meanwhile_keeps_the_decision_it_runs_with(
             ann = (await kube.get_pod(namespace, "p"))["metadata"]["annotations"]
             assert ann[ALLOCATED] == ann[TO_ALLOCATE] == earlier
             assert ann[keys.BIND_PHASE] == "allocating"
+            # the pod still counts with what it runs with (the failed bind dropped its
+            # hold before: the devices looked free until the pod's next event), and the
+            # node lock is not handed to another pod while it waits for its Allocate
+            usage = role.scheduler.cluster.usage_snapshot()
+            assert usage.get(name) == {f"GPU-{name}-0": (1, 1000, 0)}, usage
             node = await kube.get_node(name)
-            assert keys.NODE_LOCK not in (node["metadata"].get("annotations") or {})
+            lock = (node["metadata"].get("annotations") or {}).get(keys.NODE_LOCK)
+            assert lock is None or lock.endswith(f",{namespace},p"), lock
+            # kube-scheduler's picture behind ours (it filters the bound pod again): the
+            # filter says so and the hold stays
+            await poll(lambda: role.scheduler.cluster.pods[f"{namespace}/p"].bound)
+            answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": [name]})
+            assert "already bound" in answer["Error"], answer
+            assert role.scheduler.cluster.usage_snapshot() == usage
     finally:
         await delete_nodes(kube, [name])

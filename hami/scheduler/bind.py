@@ -69,6 +69,15 @@ class BindError(Exception):
     """A bind step failed; the message is what kube-scheduler and the Event show."""
 
 
+class AlreadyBound(BindError):
+    """The pod turned out to be bound already (a Binding whose answer was lost, or another
+    bind of the same pod): its decision and its node lock belong to that binding."""
+
+    def __init__(self, message: str, pod: Mapping[str, Any]) -> None:
+        super().__init__(message)
+        self.pod = pod
+
+
 class Step(enum.Enum):
     """The writes of a bind, in order; each passes the fence first."""
 
@@ -226,6 +235,11 @@ class Binder:
                     answer = await self._write_decision(namespace, name, uid, record)
                     written = str(metadata_of(answer).get("resourceVersion") or "") or None
                     await self._bind_checked(namespace, name, uid, record, written, deadline)
+                except AlreadyBound as exc:
+                    # what the pod holds is what its annotations say; nothing of it is ours
+                    # to undo (releasing its lock would let another pod allocate beside it)
+                    self.cluster.upsert_pod(exc.pod, self.clock.now())
+                    raise
                 except BaseException as exc:
                     await self.undo(namespace, name, node, record, written)
                     if isinstance(exc, KubeError):
@@ -323,7 +337,7 @@ class Binder:
         bound = str((pod.get("spec") or {}).get("nodeName") or "")
         version = str(meta.get("resourceVersion") or "")
         if bound:
-            raise BindError(f"hami bind: pod {key} is already bound to node {bound}")
+            raise AlreadyBound(f"hami bind: pod {key} is already bound to node {bound}", pod)
         if version == tried or (uid and str(meta.get("uid") or "") != uid):
             # not a newer version: the precondition that failed is another one (the uid)
             raise BindError(f"hami bind: creating the Binding of {key} failed: {conflict}")
@@ -430,9 +444,10 @@ class Binder:
                 bound = str((pod.get("spec") or {}).get("nodeName") or "")
                 current_uid = str(metadata_of(pod).get("uid") or "")
                 if bound:
-                    raise BindError(
+                    raise AlreadyBound(
                         f"hami bind: pod {key} is already bound to node {bound}; its decision "
-                        "is left as it is"
+                        "is left as it is",
+                        pod,
                     )
                 if uid and current_uid and current_uid != uid:
                     raise BindError(f"hami bind: pod {key} was replaced (uid {current_uid})")
