@@ -322,6 +322,11 @@ class Scheduler:
         # the pod must not compete with its own stale hold, or on a full cluster it never
         # fits again. No await until the hold is settled, so no other call sees the gap.
         earlier = self.cluster.pods.get(key)
+        if earlier is not None and earlier.bound:
+            # our watch saw it bound: kube-scheduler's picture is behind (an API outage);
+            # its hold is real and stays
+            message = f"hami filter: pod {key} is already bound to node {earlier.node}"
+            return {"NodeNames": [], "FailedNodes": {}, "Error": message}, "error"
         if earlier is not None:
             self.cluster.release(key)
         decision = self._decide(request, names, key)
