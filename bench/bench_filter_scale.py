@@ -19,10 +19,10 @@ Figures (decoding is not in them; it is printed apart):
 - ``filter``: placeable pods (``bench_filter``'s eight shapes), each placement released
   after the call so the cluster stays at the same fill;
 - ``no fit``: a pod nothing can take (2 x 50000 MiB), asked between placements (so the
-  cluster changed in between, as when kube-scheduler retries); ``first`` is the first ask
-  after the cluster was built, apart: it also groups every node by summary, once
-  (``hami.core.nofit.Summaries``). With ``kube`` lists every ask is of a list not seen
-  before;
+  cluster changed in between, as when kube-scheduler retries); ``first ask`` is the
+  first of each run, printed apart: in the first run after the cluster was built it also
+  groups every node by summary, once (``hami.core.nofit.Summaries``). With ``kube``
+  lists every ask is of a list not seen before;
 - ``decode``: ``orjson.loads`` of the body;
 - ``rss``: the process's resident memory after the cluster is built.
 
@@ -126,7 +126,7 @@ async def run(
             took = (time.perf_counter() - began) * 1000
             assert not answer["NodeNames"] and len(answer["FailedNodes"]) == len(names)
             if first is None:
-                first = took  # groups every node by summary once (a one-time cost)
+                first = took  # after a build: groups every node by summary (once)
             else:
                 nofit_ms.append(took)
     top = ""
@@ -172,7 +172,7 @@ def main() -> None:
                 size = len(names) if kind == "full" else kube_count(len(names))
                 print(f"  list {kind} ({size} names), load {os.getloadavg()[0]:.2f}")
                 print("    " + show("filter", result["fit"]))
-                first = f"  first after start {result['first']:.1f} ms"
+                first = f"  first ask {result['first']:.1f} ms"
                 print("    " + show("no fit", result["nofit"]) + first)
                 print("    " + show("decode", result["decode"]))
                 if result["top"]:

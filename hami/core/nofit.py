@@ -16,14 +16,20 @@ no free device has the cores           ``CardInsufficientCore``
 whole devices asked, too few idle      ``ExclusiveDeviceAllocateConflict``
 =====================================  ==============================================
 
-A node the summaries allow (it was fitted in detail and failed, or is over the quota)
-gets the detailed reason. Small candidate sets get the detailed reason for every node:
-there it is cheap, and the device counts help whoever reads the Event. ``hami explain``
-always uses the detailed path (``Cluster.explain``).
+Nodes with equal summaries give equal summary reasons, so the reasons are worked out
+once per group of such nodes (``Summaries``: a few dozen groups, not 65,000 nodes), and
+the per-node work is dictionary look-ups done in C. A node the summaries allow (it was
+fitted in detail and failed, or is over the quota) gets the detailed reason. Small
+candidate sets get the detailed reason for every node: there it is cheap, and the device
+counts help whoever reads the Event. ``hami explain`` always uses the detailed path
+(``Cluster.explain``).
 
 Answers are kept for identical questions: the key is the request's shape, the
-namespace's quota limits and the candidate names (a few entries at most). The cluster's
-generation is bumped on every change of a node or of a pod's hold, and each bump names
+namespace's quota limits and a sample of the candidate names (a few entries at most);
+a hit is used only when the candidate list equals the one the answer was for
+(``Answer.names``, compared in C), so building and hashing a key of every name is not
+paid by every call, and a look-alike list never gets another list's answer. The
+cluster's generation is bumped on every change of a node or of a pod's hold, and each bump names
 its node: an answer is reused as is while the generation stays the same, and after
 changes only the changed nodes are looked at again (and, when the namespace has a quota,
 the nodes answered in detail: their reason can be the quota, which any of its pods
