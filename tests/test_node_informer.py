@@ -21,7 +21,7 @@ from test_node_controlplane import host_dir, make_backend  # noqa: F401  (host_d
 from hami.backends.fake import FakeBackend
 from hami.config import Config
 from hami.kube.client import Kube, Query, Timeout, node_path, open_client, pods_path
-from hami.kube.raw import JSON, RetryPolicy
+from hami.kube.raw import JSON, RetryPolicy, Unreachable
 from hami.node import NodeAgent
 from hami.node.allocate import Allocator
 from hami.node.podcache import NodeCache
@@ -376,3 +376,37 @@ async def test_an_expired_lock_in_the_watch_makes_allocate_read_the_api(
 
     assert plan.pod == f"{namespace}/{name}" and plan.done
     assert rig.allocator.served == {"cache": 0, "api": 1}
+
+
+class LostAnswerKube(CountingKube):
+    """The API server applies the next pod write but its answer never arrives (an outage
+    that starts right after the write landed)."""
+
+    lose = True
+
+    async def patch_pod_annotations(self, *args: Any, **kwargs: Any) -> JSON:
+        answer = await super().patch_pod_annotations(*args, **kwargs)
+        if self.lose:
+            self.lose = False
+            raise Unreachable("ServerDisconnectedError()", "/api/v1/pods", sent=True)
+        return answer
+
+
+async def test_an_allocation_write_whose_answer_was_lost_is_not_failed(
+    rig: Rig, namespace: str
+) -> None:
+    """Seen in the API server outage fault test: the allocation's pod write landed, its
+    answer was lost; the agent fell back to the API, found no work left for the pod and
+    failed it (UnexpectedAdmissionError). The pod, read again, shows the write landed."""
+    losing = LostAnswerKube(rig.kube.api, rig.kube.retry, rig.calls)
+    rig.allocator.kube = losing
+    name = await bind(rig.kube, namespace, rig.node, gpus(rig.node, 1))
+    await rig.seen(namespace, name)
+
+    plan = await rig.allocate()
+
+    assert not losing.lose, "the write was not attempted through the cache path"
+    assert plan.done and [d.uuid for d in plan.containers[0].devices] == [f"GPU-{rig.node}-1"]
+    pod = await read_annotations(rig.kube, f"{pods_path(namespace)}/{name}")
+    assert pod[TO_ALLOC] == ";" and pod[keys.BIND_PHASE] == "success"
+    assert keys.NODE_LOCK not in await read_annotations(rig.kube, node_path(rig.node))

@@ -507,15 +507,29 @@ class Allocator:
         try:
             plan = plan_allocation(pod, backend, requested, node_devices)
             await _make_host_dirs(plan)
-            answer = await self.kube.patch_pod_annotations(
-                meta["namespace"], meta["name"], plan.annotations, meta.get("resourceVersion")
-            )
-        except Conflict:
-            self.log.debug("cached_pod_outdated", pod=ref)
-            return None
         except Exception as exc:
             self.log.debug("cached_allocation_fell_back", pod=ref, error=str(exc))
             return None
+        answer: Any
+        try:
+            answer = await self.kube.patch_pod_annotations(
+                meta["namespace"], meta["name"], plan.annotations, meta.get("resourceVersion")
+            )
+        except Exception as exc:
+            # An API outage can swallow the answer to a write that landed (its retry then
+            # conflicts with it): the pod, read again, shows whether it did. Falling back
+            # would find no work left for the pod and fail it.
+            landed = await self._landed(meta, plan)
+            if landed is None:
+                reason = (
+                    "cached_pod_outdated"
+                    if isinstance(exc, Conflict)
+                    else ("cached_allocation_fell_back")
+                )
+                self.log.debug(reason, pod=ref, error=str(exc))
+                return None
+            self.log.info("allocation write landed although its answer was lost", pod=ref)
+            answer = landed
         self.served["cache"] += 1
         self._remember(answer)
         if plan.done:
@@ -526,6 +540,24 @@ class Allocator:
             )
         self._allocated(plan, backend, "watch")
         return plan
+
+    async def _landed(self, meta: Mapping[str, Any], plan: AllocationPlan) -> Pod | None:
+        """The pod if it carries every annotation ``plan`` writes (our write went through),
+        else None (also when it cannot be read)."""
+        try:
+            current = await self.kube.get_pod(str(meta["namespace"]), str(meta["name"]))
+        except Exception:
+            return None
+        if metadata_of(current).get("uid") != meta.get("uid"):
+            return None
+        annotations = annotations_of(current)
+        for key, value in plan.annotations.items():
+            if value is None:
+                if key in annotations:
+                    return None
+            elif annotations.get(key) != value:
+                return None
+        return current
 
     async def _release_cached(self, ref: str, lock_value: str) -> None:
         """Release the lock by its value; if it changed meanwhile, read the Node and decide."""
