@@ -228,6 +228,11 @@ async def test_agent_restart_keeps_prepared_claims(dra: LocalCluster) -> None:
     assert node.kubelet is not None
     before = (await dra.admission(pod)).envs["c0"]
     await node.stop_agent()
+    # kubelet's plugin watcher must see the old registration go first: otherwise waiting
+    # for the driver returns at once and a prepare races the new registration
+    kubelet_dra = node.kubelet.dra
+    assert kubelet_dra is not None
+    await node.kubelet.wait_for(lambda: "nvidia.hami.io" not in kubelet_dra.plugins, 30)
     await node.start_agent()
     # kubelet calls prepare again after a restart (idempotent), and unprepare when the pod
     # goes; the restarted agent still knows the claim
@@ -250,7 +255,7 @@ async def test_agent_restart_keeps_prepared_claims(dra: LocalCluster) -> None:
         lambda: (
             uid not in checkpoint.claims and not any(uid in p.name for p in Path(cdi).iterdir())
         ),
-        10,
+        30,
         "CDI spec and checkpoint entry removed",
     )
 
