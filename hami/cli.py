@@ -21,7 +21,7 @@ ROLES = {"node": "hami.node.role", "scheduler": "hami.scheduler.role"}
 # extra subcommands: module with ``add_parser(subparsers)``; each sets ``func`` on its parser.
 # Such a module imports little at the top: ``hami version`` and ``--help`` build every parser,
 # and the heavy libraries (kubernetes_asyncio, aiohttp, ...) are imported by ``func`` only.
-EXTRA_COMMANDS = ("hami.scheduler.explain_cli",)
+EXTRA_COMMANDS = ("hami.scheduler.explain_cli", "hami.simulate.cli")
 # The top-level --help text: plain text (the module docstring is reStructuredText for
 # developers, and its backticks used to show up here).
 DESCRIPTION = """\

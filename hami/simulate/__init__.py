@@ -1,0 +1,1 @@
+"""``hami simulate``: the scheduler's own decision code run over a workload trace."""
