@@ -267,6 +267,20 @@ class NodeSnapshot:
 
 def summary_key(node: NodeSummary) -> Hashable:
     """What ``summary_reason`` reads of ``node``, as a key: equal keys, equal reasons."""
+    types = node.types
+    if len(types) == 1:  # the usual node: one flat tuple (every node is keyed at a start)
+        for word, t in types.items():
+            return (
+                node.exists,
+                word,
+                t.available,
+                t.reason,
+                len(t.devices),
+                t.free_devices,
+                t.idle_devices,
+                t.max_free_memory,
+                t.max_free_cores,
+            )
     return (
         node.exists,
         tuple(
