@@ -2,7 +2,7 @@
 delays the event loop (and the filter calls) while it runs.
 
     .venv/bin/python bench/bench_metrics.py                  # 1000 and 5000 nodes
-    .venv/bin/python bench/bench_metrics.py --nodes 15000
+    .venv/bin/python bench/bench_metrics.py --nodes 5000 65000  # issue 20 item 3's rows
 
 Each cluster has N nodes x 8 devices with real-length GPU UUIDs, and running pods on
 about half of the devices (``bench_filter.build``'s shapes). The scheduler's probe app
@@ -14,9 +14,13 @@ patch stubbed out) whose reservations change a node between scrapes, as placemen
 
 Figures per scrape: bytes, seconds (curl's total), the longest single step of the loop
 (what the scrape's own work holds it for), the longest loop stall (as the probe sees it:
-also time the OS gave to other processes), the longest garbage collection pause, the
-slowest filter call during the scrape. The first scrape renders every node (a cold cache); the
-next ones only what changed since. A benchmark, not a test: it never fails on them.
+also time the OS gave to other processes), the longest garbage collection pause, and the
+filter calls answered during the scrape (p50 / p99 / max). The first scrape renders every
+node (a cold cache); the next ones only what changed since, alternately plain and gzip;
+the last two ("unchanged") run while the filter loop asks for a pod no node can take, so
+no node changes between them and a scrape may be answered from what the previous one
+built. A "no scrape" line first gives the same figures without any scrape, to compare.
+A benchmark, not a test: it never fails on them.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import argparse
 import asyncio
 import contextvars
 import gc
+import os
 import random
 import sys
 import time
@@ -89,11 +94,32 @@ async def lateness_probe(samples: list[float], stop: asyncio.Event) -> None:
         samples.append(time.perf_counter() - began - 0.001)
 
 
+def unplaceable_pod() -> dict[str, Any]:
+    """A pod no node can take (more memory than any device): its filter calls change no
+    node, as kube-scheduler retrying a pending pod."""
+    return {
+        "metadata": {"name": "too-big", "namespace": "bench", "uid": "too-big"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "c",
+                    "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "999999"}},
+                }
+            ]
+        },
+    }
+
+
 async def filter_loop(
-    scheduler: Scheduler, names: list[str], out: list[tuple[float, float]], stop: asyncio.Event
+    scheduler: Scheduler,
+    names: list[str],
+    out: list[tuple[float, float]],
+    stop: asyncio.Event,
+    *,
+    changing: bool = True,
 ) -> None:
     TASK.set("filter")
-    shapes = bench_filter.request_pods()
+    shapes = bench_filter.request_pods() if changing else [unplaceable_pod()]
     rng = random.Random(7)
     while not stop.is_set():
         shape = rng.choice(shapes)
@@ -136,6 +162,7 @@ class LongestStep:
 
     def __init__(self) -> None:
         self.longest = 0.0
+        self.what = ""  # the longest step's callback, with --steps
         original = asyncio.events.Handle._run
         probe = self
 
@@ -147,11 +174,13 @@ class LongestStep:
             owner = context.get(TASK, "scrape") if context is not None else "scrape"
             if owner == "scrape" and spent > probe.longest:
                 probe.longest = spent
+                probe.what = repr(handle)[:160]
 
         asyncio.events.Handle._run = run  # type: ignore[method-assign,assignment]
 
     def clear(self) -> None:
         self.longest = 0.0
+        self.what = ""
 
 
 class GcPauses:
@@ -173,7 +202,7 @@ class GcPauses:
         self.longest = 0.0
 
 
-async def run(nodes: int, scrapes: int, seed: int) -> None:
+async def run(nodes: int, scrapes: int, seed: int, show_steps: bool = False) -> None:
     cfg = config.from_mapping({}, env={})
     scheduler = Scheduler(cfg.scheduler, [bench_filter.KIND], None, emit_events=False)
     began = time.perf_counter()
@@ -181,7 +210,8 @@ async def run(nodes: int, scrapes: int, seed: int) -> None:
     gc.collect()
     print(
         f"== {nodes} nodes x {bench_filter.DEVICES} devices, {pods} running pods "
-        f"(built in {time.perf_counter() - began:.1f}s), rss {bench_filter.rss_mib():.0f} MiB"
+        f"(built in {time.perf_counter() - began:.1f}s), rss {bench_filter.rss_mib():.0f} MiB, "
+        f"load {_load()}"
     )
     scheduler.nodes_synced.set()
     scheduler.pods_synced.set()
@@ -199,42 +229,74 @@ async def run(nodes: int, scrapes: int, seed: int) -> None:
     names = sorted(scheduler.cluster.nodes)
     pauses = GcPauses()
     steps = LongestStep()
+    # (label, gzip or None for no scrape, filter calls change nodes)
+    rounds: list[tuple[str, bool | None, bool]] = [("no scrape", None, True)]
+    for round_ in range(scrapes):
+        packed = round_ % 2 == 1
+        rounds.append(
+            (("cold" if round_ == 0 else "changed") + (", gzip" if packed else ""), packed, True)
+        )
+    rounds += [("unchanged, gzip", True, False), ("unchanged, gzip", True, False)]
+    rounds += [("unchanged", False, False), ("unchanged", False, False)]
     try:
-        for round_ in range(scrapes):
+        for number, (what, gzip, changing) in enumerate(rounds):
             stop = asyncio.Event()
             late: list[float] = []
             filters: list[tuple[float, float]] = []
             tasks = [
                 asyncio.create_task(lateness_probe(late, stop)),
-                asyncio.create_task(filter_loop(scheduler, names, filters, stop)),
+                asyncio.create_task(
+                    filter_loop(scheduler, names, filters, stop, changing=changing)
+                ),
             ]
             await asyncio.sleep(0.2)  # filters change nodes before the scrape
             late.clear()
             filters.clear()
             pauses.clear()
             steps.clear()
-            gzip = round_ % 2 == 1
-            size, seconds = await scrape(port, gzip)
+            if gzip is None:
+                await asyncio.sleep(1.0)
+                head = f"  {what} (1 s)"
+            else:
+                kept = _kept_body(scheduler, gzip)
+                size, seconds = await scrape(port, gzip)
+                how = (
+                    "kept" if kept is not None and kept is _kept_body(scheduler, gzip) else "built"
+                )
+                head = (
+                    f"  scrape {number} ({what}, body {how}): {size / 1e6:.1f} MB in {seconds:.2f}s"
+                )
             stop.set()
             await asyncio.gather(*tasks)
-            what = ("cold" if round_ == 0 else "warm") + (", gzip" if gzip else "")
+            walls = [w * 1000 for w, _ in filters] or [0.0]
             print(
-                f"  scrape {round_ + 1} ({what}): {size / 1e6:.1f} MB in {seconds:.2f}s; "
-                f"longest scrape step {steps.longest * 1000:.1f} ms cpu, "
+                f"{head}; longest scrape step {steps.longest * 1000:.1f} ms cpu, "
                 f"longest loop stall {max(late, default=0) * 1000:.1f} ms "
                 f"(longest gc pause {pauses.longest * 1000:.1f} ms), "
-                f"{len(filters)} filter calls during it, "
-                f"slowest {max((w for w, _ in filters), default=0) * 1000:.1f} ms "
-                f"({max((c for _, c in filters), default=0) * 1000:.1f} ms cpu)"
+                f"{len(filters)} filter calls: p50 {bench_filter.percentile(walls, 0.5):.1f} / "
+                f"p99 {bench_filter.percentile(walls, 0.99):.1f} / max {max(walls):.1f} ms "
+                f"(slowest {max((c for _, c in filters), default=0) * 1000:.1f} ms cpu)"
             )
+            if show_steps and gzip is not None:
+                print(f"    longest scrape step: {steps.what}")
         gc.collect()
         print(
             f"  rss {bench_filter.rss_mib():.0f} MiB after the scrapes "
-            f"(kept text {_kept_mib(scheduler):.0f} MiB)"
+            f"(kept text {_kept_mib(scheduler):.0f} MiB), load {_load()}"
         )
     finally:
         scheduler.kube = None
         await runner.cleanup()
+
+
+def _kept_body(scheduler: Scheduler, gzip: bool) -> object:
+    """The body the metrics keep between changes (None before it kept any)."""
+    text = scheduler.metrics.cluster_text
+    return getattr(text, "_packed" if gzip else "_plain", None)
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def _kept_mib(scheduler: Scheduler) -> float:
@@ -248,10 +310,11 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="*", default=[1000, 5000])
     parser.add_argument("--scrapes", type=int, default=4)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--steps", action="store_true", help="name each longest scrape step")
     args = parser.parse_args()
     log.configure("warning", "console", stream=sys.stderr)
     for nodes in args.nodes:
-        asyncio.run(run(nodes, args.scrapes, args.seed))
+        asyncio.run(run(nodes, args.scrapes, args.seed, args.steps))
 
 
 if __name__ == "__main__":

@@ -13,8 +13,12 @@ At 5,000 nodes x 8 devices the gauges are over half a million lines; building th
 every scrape took seconds on the event loop. So each node's and each pod's lines are
 rendered once, when the cluster reports that node or pod changed
 (``Cluster.changed_nodes``/``changed_pods``), and kept as bytes; a scrape re-renders what
-changed and joins the kept bytes, in slices that yield to the event loop in between
-(``write_to``). A node's lines are one consistent picture of that node.
+changed in slices that yield to the event loop (a node's lines are one consistent picture
+of that node). A worker thread then joins the kept bytes into the body and compresses it
+(``write_to``), while the loop leaves them alone (``_Snapshot``): at 65,000 nodes the body
+is over a gigabyte, which even joined in slices held the loop for seconds in all. The built body
+(plain and gzip, each as asked for) is kept until something changes, so a scrape with no
+change since the last one costs the loop only the event counters and the quota lines.
 """
 
 from __future__ import annotations
@@ -22,13 +26,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import struct
 import threading
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from itertools import islice
+from operator import itemgetter
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
@@ -41,8 +47,9 @@ MIB = 1024 * 1024
 # Go HAMi's scheduler registers its cluster collector with this constant label.
 ZONE = "vGPU"
 SLICE_SECONDS = 0.005  # work between two yields to the event loop during a scrape
-SLICE_ITEMS = 256  # nodes or pods joined per piece
-FLUSH_BYTES = 1 << 20  # pieces are written (and compressed) in about this much
+SLICE_ITEMS = 256  # nodes or pods joined per piece (``pieces``, the whole text at once)
+FLUSH_BYTES = 1 << 20  # the body is written in pieces of at most this much
+GZIP_LEVEL = 1  # a fifth of the plain size; higher levels cost far more CPU for little
 MAX_CHANGED = 200_000  # changed names kept between two scrapes (then: render everything)
 
 
@@ -191,6 +198,81 @@ class _Changed(set[str]):
             self.overflow = True
 
 
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    """The kept text of one version. The dicts themselves, not copies (a copy of half a
+    million entries held the loop for over 10 ms): ``ClusterText`` changes them only
+    while it holds its lock, which a build holds until the worker is done, and replaces
+    them (never clears them) when it drops its text."""
+
+    version: int
+    nodes: dict[str, tuple[bytes, ...]]
+    pods: dict[str, tuple[bytes, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Built:
+    """The families' text of one version: plain ``pieces``, or ``packed`` (raw deflate,
+    full-flushed so it can be spliced between other deflate data) with the ``crc`` and
+    ``size`` of the text it holds."""
+
+    version: int
+    pieces: tuple[bytes, ...]
+    packed: bytes
+    crc: int
+    size: int
+
+
+def _join(snapshot: _Snapshot) -> Iterator[bytes]:
+    """The families' text, family by family, in pieces of ``SLICE_ITEMS`` nodes or pods:
+    each join is C code that keeps the GIL, so a short one lets the loop's thread in."""
+    for families, kept in ((NODE_FAMILIES, snapshot.nodes), (POD_FAMILIES, snapshot.pods)):
+        for position, family in enumerate(families):
+            yield family.header()
+            line = itemgetter(position)
+            texts = iter(kept.values())
+            while piece := b"".join(map(line, islice(texts, SLICE_ITEMS))):
+                yield piece
+
+
+def _coalesce(pieces: Iterator[bytes]) -> Iterator[bytes]:
+    """Pieces of about ``FLUSH_BYTES``: a kept plain body is a few hundred objects, and a
+    scrape writes each in one go."""
+    pending: list[bytes] = []
+    size = 0
+    for piece in pieces:
+        pending.append(piece)
+        size += len(piece)
+        if size >= FLUSH_BYTES:
+            yield b"".join(pending)
+            pending.clear()
+            size = 0
+    if pending:
+        yield b"".join(pending)
+
+
+def _build(snapshot: _Snapshot | None, plain: _Built | None, pack: bool) -> _Built:
+    """Run in the worker thread: it reads only the snapshot's (or the plain body's)
+    immutable bytes. zlib and large joins let go of the GIL while they work."""
+    if plain is not None:
+        version, pieces = plain.version, iter(plain.pieces)
+    elif snapshot is not None:
+        version, pieces = snapshot.version, _join(snapshot)
+    else:
+        raise ValueError("nothing to build from")
+    if not pack:
+        return _Built(version, tuple(_coalesce(pieces)), b"", 0, 0)
+    packer = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
+    out: list[bytes] = []
+    crc = size = 0
+    for piece in pieces:  # streamed: the plain text is never whole in memory
+        out.append(packer.compress(piece))
+        crc = zlib.crc32(piece, crc)
+        size += len(piece)
+    out.append(packer.flush(zlib.Z_FULL_FLUSH))
+    return _Built(version, (), b"".join(out), crc, size)
+
+
 class ClusterText:
     """The cluster gauges as exposition text, kept per node and per pod."""
 
@@ -198,6 +280,12 @@ class ClusterText:
         self.cluster = cluster
         self.nodes: dict[str, tuple[bytes, ...]] = {}
         self.pods: dict[str, tuple[bytes, ...]] = {}
+        # Bumped whenever the kept text changes: a built body of the same version is
+        # still the cluster's picture.
+        self.version = 0
+        self._plain: _Built | None = None
+        self._packed: _Built | None = None
+        self._lock: asyncio.Lock | None = None  # one build at a time (made on the loop)
 
     def _take(self) -> tuple[list[str], list[str]]:
         """Nodes and pods to re-render: all of them the first time (or after an
@@ -211,8 +299,8 @@ class ClusterText:
             or nodes.overflow
             or pods.overflow
         ):
-            self.nodes.clear()
-            self.pods.clear()
+            self.nodes, self.pods = {}, {}  # replaced: a build may still read the old
+            self.version += 1
             return list(cluster.nodes), list(cluster.pods)
         return list(nodes), list(pods)
 
@@ -220,22 +308,34 @@ class ClusterText:
         """Stop tracking changes and drop the kept text (a replica that does not lead):
         the next scrape that exports the gauges renders everything again."""
         self.cluster.changed_nodes = self.cluster.changed_pods = None
-        self.nodes.clear()
-        self.pods.clear()
+        self.nodes, self.pods = {}, {}  # replaced: a build may still read the old
+        self._plain = self._packed = None
+        self.version += 1
 
     def _update_node(self, name: str) -> None:
         node = self.cluster.nodes.get(name)
         if node is None or not node.types:
-            self.nodes.pop(name, None)
+            self._keep(self.nodes, name, None)
         else:
-            self.nodes[name] = render_node(node)
+            self._keep(self.nodes, name, render_node(node))
 
     def _update_pod(self, key: str) -> None:
         record = self.cluster.pods.get(key)
         if record is None or not record.assignment:
-            self.pods.pop(key, None)
+            self._keep(self.pods, key, None)
         else:
-            self.pods[key] = render_pod(record)
+            self._keep(self.pods, key, render_pod(record))
+
+    def _keep(
+        self, kept: dict[str, tuple[bytes, ...]], name: str, text: tuple[bytes, ...] | None
+    ) -> None:
+        # The cluster also reports names whose lines stay the same (a reservation
+        # released that was never made): those leave the built body as it is.
+        old = kept.pop(name, None) if text is None else kept.get(name)
+        if text is not None:
+            kept[name] = text
+        if text != old:
+            self.version += 1
 
     def catch_up(self) -> None:
         nodes, pods = self._take()
@@ -255,22 +355,51 @@ class ClusterText:
                     await asyncio.sleep(0)
                     deadline = time.perf_counter() + SLICE_SECONDS
 
-    def pieces(self) -> Iterator[bytes]:
-        """The kept text, family by family, in pieces of ``SLICE_ITEMS`` nodes or pods.
+    def snapshot(self) -> _Snapshot:
+        """The kept text as it is now, for the worker thread (see ``_Snapshot``)."""
+        return _Snapshot(self.version, self.nodes, self.pods)
 
-        The snapshot lists are taken first, so a change between two pieces shows in the
-        next scrape, never as half a node."""
-        for families, kept in (
-            (NODE_FAMILIES, list(self.nodes.values())),
-            (POD_FAMILIES, list(self.pods.values())),
-        ):
-            for position, family in enumerate(families):
-                yield family.header()
-                for start in range(0, len(kept), SLICE_ITEMS):
-                    yield b"".join(text[position] for text in kept[start : start + SLICE_ITEMS])
-        yield self._small()
+    def built(self) -> _Built:
+        """The families' text at the current version (built here if not kept)."""
+        if self._lock is not None and self._lock.locked():
+            # The worker is reading the kept text: changing it now would mix versions.
+            raise RuntimeError("a scrape is being built; use write_to meanwhile")
+        self.catch_up()
+        if self._plain is None or self._plain.version != self.version:
+            self._plain = _build(self.snapshot(), None, False)
+        return self._plain
 
-    def _small(self) -> bytes:
+    async def built_async(self, *, gzip: bool) -> _Built:
+        """The families' text at the current version, plain or as one raw deflate
+        stream: the kept one when nothing changed since it was built, else built in the
+        worker thread from a snapshot (the loop only re-renders what changed)."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:  # a second scrape meanwhile waits for this one's body
+            await self.catch_up_async()
+            version = self.version
+            kept = self._packed if gzip else self._plain
+            if kept is not None and kept.version == version:
+                return kept
+            plain = (
+                self._plain if self._plain is not None and self._plain.version == version else None
+            )
+            snapshot = None if plain is not None else self.snapshot()
+            loop = asyncio.get_running_loop()
+            built = await loop.run_in_executor(_worker(), _build, snapshot, plain, gzip)
+            # Only the kind asked for is kept: Prometheus asks for gzip, and a kept
+            # plain body would double the memory of the kept text.
+            if gzip:
+                self._packed = built
+            else:
+                self._plain = built
+            for other in ("_plain", "_packed"):
+                held = getattr(self, other)
+                if held is not None and held.version != version:
+                    setattr(self, other, None)
+            return built
+
+    def small(self) -> bytes:
         """Gauges with a few lines each: built per scrape."""
         cluster = self.cluster
         out = [
@@ -378,77 +507,122 @@ class SchedulerMetrics:
         for obj in ("node", "pod"):
             self.annotation_errors.labels(obj)
 
-    def _pieces(self) -> Iterable[bytes]:
-        yield generate_latest(self.registry)
-        if self.cluster_gauges:
-            yield from self.cluster_text.pieces()
-
     def render(self) -> bytes:
         """The whole exposition at once (tests, tools); the HTTP handler uses ``write_to``."""
-        if self.cluster_gauges:
-            self.cluster_text.catch_up()
-        else:
+        head = generate_latest(self.registry)
+        if not self.cluster_gauges:
             self.cluster_text.forget()
-        return b"".join(self._pieces())
+            return head
+        built = self.cluster_text.built()
+        return b"".join((head, *built.pieces, self.cluster_text.small()))
 
     async def write_to(
         self, write: Callable[[bytes], Awaitable[None]], *, gzip: bool = False
     ) -> int:
-        """Write the exposition piece by piece, yielding to the event loop between
-        pieces so that filter and bind calls are never held up by a scrape; bytes sent.
+        """Write the exposition in pieces of ``FLUSH_BYTES``, yielding to the event loop
+        between pieces so that filter and bind calls are never held up by a scrape; bytes
+        sent. The cluster families come from ``ClusterText.built_async`` (joined and
+        compressed off the loop, kept while nothing changes); the event counters and the
+        quota lines, a few kilobytes, are built per scrape around them.
 
-        With ``gzip`` the body is one gzip stream, compressed in a worker thread of lower
-        priority (zlib lets go of the GIL while it works, so the loop runs meanwhile)."""
+        With ``gzip`` the body is one gzip stream: the kept deflate data between the
+        counters' and the quota lines' own, its CRC combined from the three parts'."""
+        head = generate_latest(self.registry)
+        built: _Built | None = None
+        tail = b""
         if self.cluster_gauges:
-            await self.cluster_text.catch_up_async()
+            built = await self.cluster_text.built_async(gzip=gzip)
+            tail = self.cluster_text.small()
         else:
             self.cluster_text.forget()
-        packer = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS) if gzip else None
-        pending: list[bytes] = []
-        size = sent = 0
-        for piece in self._pieces():
-            pending.append(piece)
-            size += len(piece)
-            if size >= FLUSH_BYTES:
-                sent += await _send(write, packer, pending, final=False)
-                size = 0
-            await asyncio.sleep(0)
-        return sent + await _send(write, packer, pending, final=True)
+        if gzip:
+            parts = _gzip_parts(head, built, tail)
+        else:
+            parts = [head, *(built.pieces if built is not None else ()), tail]
+        sent = 0
+        for part in parts:
+            view = memoryview(part)  # slices of it are not copies
+            for start in range(0, len(view), FLUSH_BYTES):
+                piece = view[start : start + FLUSH_BYTES]
+                await write(piece)  # type: ignore[arg-type]  # aiohttp takes any buffer
+                sent += len(piece)
+                await asyncio.sleep(0)
+        return sent
 
 
-async def _send(
-    write: Callable[[bytes], Awaitable[None]],
-    packer: Any,
-    pending: list[bytes],
-    *,
-    final: bool,
-) -> int:
-    data = b"".join(pending)
-    pending.clear()
-    if packer is not None:
-        loop = asyncio.get_running_loop()
-        data = await loop.run_in_executor(_gzip_thread(), _deflate, packer, data, final)
-    if data:
-        await write(data)
-    return len(data)
+# A gzip member's header (RFC 1952): no name, no time, "fastest" compression, Unix.
+GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x04\x03"
 
 
-_GZIP_THREAD: list[ThreadPoolExecutor] = []  # one per process, made on the first gzip scrape
+def _gzip_parts(head: bytes, built: _Built | None, tail: bytes) -> list[bytes]:
+    """One gzip stream of ``head``, the kept text and ``tail``: a full flush ends each
+    deflate part on a byte with no reference to what came before, so the parts join."""
+    first = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
+    last = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
+    crc, size = zlib.crc32(head), len(head)
+    middle = b""
+    if built is not None:
+        crc, size = crc32_combine(crc, built.crc, built.size), size + built.size
+        middle = built.packed
+    crc, size = crc32_combine(crc, zlib.crc32(tail), len(tail)), size + len(tail)
+    return [
+        GZIP_HEADER + first.compress(head) + first.flush(zlib.Z_FULL_FLUSH),
+        middle,
+        last.compress(tail) + last.flush() + struct.pack("<II", crc, size & 0xFFFFFFFF),
+    ]
 
 
-def _gzip_thread() -> ThreadPoolExecutor:
-    if not _GZIP_THREAD:
-        _GZIP_THREAD.append(ThreadPoolExecutor(1, "hami-metrics-gzip", initializer=_lower_priority))
-    return _GZIP_THREAD[0]
+# CRC-32 of two texts joined, from each one's CRC and the second's length: zlib's
+# crc32_combine (1.2.12's method), which Python's zlib module does not export.
+_CRC_POLY = 0xEDB88320  # reflected
+
+
+def _multmodp(a: int, b: int) -> int:
+    """a(x) * b(x) modulo the CRC polynomial (bit 31 is x^0)."""
+    m = 1 << 31
+    product = 0
+    while True:
+        if a & m:
+            product ^= b
+            if a & (m - 1) == 0:
+                break
+        m >>= 1
+        b = (b >> 1) ^ _CRC_POLY if b & 1 else b >> 1
+    return product
+
+
+def _powers() -> tuple[int, ...]:
+    power = [1 << 30]  # x^1
+    for _ in range(31):
+        power.append(_multmodp(power[-1], power[-1]))
+    return tuple(power)
+
+
+_X2N = _powers()  # x^(2^n) modulo the polynomial
+
+
+def crc32_combine(crc1: int, crc2: int, length2: int) -> int:
+    """The CRC-32 of A + B from ``crc32(A)``, ``crc32(B)`` and ``len(B)``."""
+    power, k, n = 1 << 31, 3, length2  # x^(8 * length2): the first CRC moved past B
+    while n:
+        if n & 1:
+            power = _multmodp(_X2N[k & 31], power)
+        n >>= 1
+        k += 1
+    return _multmodp(power, crc1) ^ crc2
+
+
+_WORKER: list[ThreadPoolExecutor] = []  # one per process, made on the first scrape
+
+
+def _worker() -> ThreadPoolExecutor:
+    if not _WORKER:
+        _WORKER.append(ThreadPoolExecutor(1, "hami-metrics", initializer=_lower_priority))
+    return _WORKER[0]
 
 
 def _lower_priority() -> None:
     """Linux nices threads one by one: where cores are short, the event loop's thread
-    goes first and the compression waits."""
+    goes first and the body's building waits."""
     with contextlib.suppress(OSError, AttributeError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-
-
-def _deflate(packer: Any, data: bytes, final: bool) -> bytes:
-    out: bytes = packer.compress(data)
-    return out + packer.flush() if final else out
