@@ -167,13 +167,24 @@ class Simulator:
         self.capacity = gpu_capacity(self.nodes)
         self._index = {gpu_uuid(n.name, i): i for n in self.nodes for i in range(n.gpus)}
         self._names = [node.name for node in self.nodes]
+        self._position = {name: i for i, name in enumerate(self._names)}
+        # free CPU and memory by node position, beside ``resources``: the one list scan
+        # per pod (kube-scheduler's NodeResourcesFit) stays a comprehension over ints
+        self._free_cpu = [self.resources[n].free_cpu_milli for n in self._names]
+        self._free_mem = [self.resources[n].free_memory_mib for n in self._names]
 
     def place(self, pod: TracePod) -> Placement:
         self.rows += 1
         name = f"{self.rows}-{pod.name}"
         obj = pod_object(pod, name)
         cpu, memory = pod_requests(obj)
-        fitting = [n for n in self._names if self.resources[n].fits(cpu, memory)]
+        fitting = [
+            n
+            for n, free_cpu, free_mem in zip(
+                self._names, self._free_cpu, self._free_mem, strict=True
+            )
+            if free_cpu >= cpu and free_mem >= memory
+        ]
         self.arrived += pod.demand
         node: str | None = None
         devices: tuple[tuple[int, int], ...] = ()
@@ -197,6 +208,9 @@ class Simulator:
                 self.used += sum(m for _, m in devices)
         if node is not None:
             self.resources[node].take(cpu, memory)
+            at = self._position[node]
+            self._free_cpu[at] -= cpu
+            self._free_mem[at] -= memory
         return Placement(pod.name, node, devices, pod.demand, self.arrived, self.used)
 
     def _cpu_only(self, fitting: Iterable[str], cpu: int, memory: int) -> str | None:
