@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import ipaddress
 import signal
 from collections.abc import Callable, Coroutine, Sequence
@@ -36,7 +37,7 @@ from hami.core.requests import DeviceKind
 from hami.kube.client import Kube, KubeConfigError, open_client
 from hami.kube.reflector import Reflector
 from hami.listener import Limits, Listener
-from hami.scheduler import podinfo
+from hami.scheduler import heap, podinfo
 from hami.scheduler.http import (
     ClientCertTLS,
     ExtenderTLSError,
@@ -142,6 +143,7 @@ class SchedulerRole:
             ("reflector-pods", pods.run),
             ("synced-nodes", lambda: _mark_synced(nodes, sched.nodes_synced)),
             ("synced-pods", lambda: _mark_synced(pods, sched.pods_synced)),
+            ("synced-heap", lambda: _settle_heap(sched)),
         ]
         if settings.resource_quotas:
             # Limits must be known before the first filter, or a restart would let a
@@ -322,6 +324,15 @@ def _failure(group: asyncio.Task[None]) -> str:
 async def _mark_synced(reflector: Reflector, event: asyncio.Event) -> None:
     await reflector.synced.wait()
     event.set()
+
+
+async def _settle_heap(sched: Scheduler) -> None:
+    """Once both initial lists are in, freeze what they built (``heap.settle``): the
+    collector then never walks the cluster state again (2.3 s passes at 65,000 nodes)."""
+    await sched.nodes_synced.wait()
+    await sched.pods_synced.wait()
+    heap.settle()
+    _log.info("heap settled", frozen=gc.get_freeze_count(), threshold=gc.get_threshold())
 
 
 async def _watch_tls(tls: ReloadingTLS | ClientCertTLS | None) -> None:

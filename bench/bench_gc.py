@@ -1,0 +1,183 @@
+"""Garbage-collector pauses, tracked objects and RSS at large node counts (issue 20 item 2).
+
+    .venv/bin/python bench/bench_gc.py --nodes 65000                  # as the role runs
+    .venv/bin/python bench/bench_gc.py --nodes 65000 --no-tune        # CPython's defaults
+    .venv/bin/python bench/bench_gc.py --nodes 15000 65000 --calls 300
+
+One process per cluster (``bench_filter.build``'s: N nodes x 8 devices, about half in
+use). Every collection is timed through ``gc.callbacks`` (``perf_counter`` at its start
+and stop), by generation and by phase:
+
+- ``build``: the initial node and pod lists going in (the reflectors' first lists);
+- ``filter``: ``Scheduler.filter`` calls with freshly decoded ``full`` and ``kube`` lists
+  (``bench_filter_scale.run``: placements released after each call, a no-fit pod every
+  fifth call);
+- ``relist``: every Node seen again with a new resourceVersion (a watch relist after
+  410 Gone), then filter calls again; the longest single upsert is printed too.
+
+Unless ``--no-tune``, the heap is settled once both lists are in, as the scheduler role
+does when both reflectors report synced (``hami.scheduler.heap.settle``). Printed:
+pauses (count, p99, max, total) per phase and generation, ``gc.get_count()``, tracked
+and frozen objects, RSS after the build and at the end, filter p50/p99 per list.
+A benchmark, not a test: it prints figures and never fails on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from typing import Any
+
+from bench_filter import KIND, build, percentile, rss_mib
+from bench_filter_scale import Lists, kube_count
+from bench_filter_scale import run as run_calls
+
+from hami import config, log
+from hami.scheduler.heap import settle
+from hami.scheduler.service import Scheduler
+
+
+class Pauses:
+    """Every collection's wall time, by (phase, generation)."""
+
+    def __init__(self) -> None:
+        self.phase = "build"
+        self.began = 0.0
+        self.samples: dict[tuple[str, int], list[float]] = defaultdict(list)
+        self.collected = 0
+
+    def __call__(self, what: str, info: dict[str, Any]) -> None:
+        if what == "start":
+            self.began = time.perf_counter()
+            return
+        ms = (time.perf_counter() - self.began) * 1000
+        self.samples[(self.phase, info["generation"])].append(ms)
+        self.collected += info.get("collected", 0)
+
+    def report(self, phase: str) -> list[str]:
+        lines = []
+        for gen in (0, 1, 2):
+            ms = self.samples.get((phase, gen), [])
+            if not ms:
+                lines.append(f"    gen {gen}: none")
+                continue
+            lines.append(
+                f"    gen {gen}: {len(ms):6d} passes  p99 {percentile(ms, 0.99):8.2f} ms"
+                f"  max {max(ms):8.2f} ms  total {sum(ms):8.0f} ms"
+            )
+        return lines
+
+
+def tracked() -> str:
+    frozen = gc.get_freeze_count()
+    return f"tracked {len(gc.get_objects()):,} (+{frozen:,} frozen), counts {gc.get_count()}"
+
+
+def calls(scheduler: Scheduler, names: list[str], args: argparse.Namespace) -> list[str]:
+    lines = []
+    for kind in ("full", "kube"):
+        lists = Lists(names, kind, args.seed)
+        result = asyncio.run(run_calls(scheduler, lists, args.calls, args.seed, False))
+        fit = result["fit"]
+        size = kube_count(len(names)) if kind == "kube" else len(names)
+        lines.append(
+            f"    filter {kind} ({size}): p50 {percentile(fit, 0.5):.2f} ms"
+            f"  p99 {percentile(fit, 0.99):.2f} ms  max {max(fit):.2f} ms"
+            f"  (cpu p99 {percentile(result['fit_cpu'], 0.99):.2f} ms;"
+            f" no fit p99 {percentile(result['nofit'], 0.99):.2f} ms)"
+        )
+    return lines
+
+
+def relist(scheduler: Scheduler) -> float:
+    """Every Node again with a new resourceVersion, as a relist hands them over."""
+    longest = 0.0
+    for name, node in list(scheduler.cluster.nodes.items()):
+        register = next(iter(node.types.values())).register_value
+        obj = {  # bench_filter.build's annotations, a new resourceVersion
+            "metadata": {
+                "name": name,
+                "resourceVersion": "2",
+                "annotations": {
+                    "hami.io/node-nvidia-register": register,
+                    "hami.io/node-handshake-nvidia": "Reported_2024-05-20 10:00:00",
+                },
+            }
+        }
+        began = time.perf_counter()
+        scheduler.on_node("MODIFIED", obj)
+        longest = max(longest, time.perf_counter() - began)
+    return longest * 1000
+
+
+def measure(nodes: int, args: argparse.Namespace) -> None:
+    pauses = Pauses()
+    gc.callbacks.append(pauses)
+    cfg = config.from_mapping({"scheduler": {"node_policy": args.policy}}, env={})
+    scheduler = Scheduler(cfg.scheduler, [KIND], None, emit_events=False)
+    began = time.perf_counter()
+    pods = build(scheduler, nodes, args.seed)
+    built = time.perf_counter() - began
+    scheduler.nodes_synced.set()
+    scheduler.pods_synced.set()
+    settled = ""
+    if args.tune:
+        began = time.perf_counter()
+        settle()
+        settled = f", settled in {(time.perf_counter() - began) * 1000:.0f} ms"
+    print(
+        f"== {nodes} nodes x 8 devices, {args.policy}, {'tuned' if args.tune else 'defaults'}"
+        f" (threshold {gc.get_threshold()}): {pods} running pods, built in {built:.0f}s"
+        f"{settled}, load {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
+    print(f"  after build: rss {rss_mib():.0f} MiB, {tracked()}")
+    print("  build pauses:")
+    print("\n".join(pauses.report("build")))
+    names = sorted(scheduler.cluster.nodes)
+    pauses.phase = "filter"
+    lines = calls(scheduler, names, args)
+    print(f"  filter (load {os.getloadavg()[0]:.2f}):")
+    print("\n".join(lines))
+    print("\n".join(pauses.report("filter")))
+    pauses.phase = "relist"
+    began = time.perf_counter()
+    longest = relist(scheduler)
+    took = time.perf_counter() - began
+    lines = calls(scheduler, names, args)
+    print(
+        f"  relist of {nodes} nodes in {took:.1f}s (longest upsert {longest:.2f} ms), "
+        f"then filter (load {os.getloadavg()[0]:.2f}):"
+    )
+    print("\n".join(lines))
+    print("\n".join(pauses.report("relist")))
+    print(f"  end: rss {rss_mib():.0f} MiB, {tracked()}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, nargs="*", default=[65000])
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--policy", default="binpack")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--no-tune", dest="tune", action="store_false")
+    args = parser.parse_args()
+    log.configure("warning", "console", stream=sys.stderr)
+    if len(args.nodes) > 1:  # one process per cluster
+        for nodes in args.nodes:
+            command = [sys.executable, __file__, "--nodes", str(nodes), "--calls", str(args.calls)]
+            command += ["--policy", args.policy, "--seed", str(args.seed)]
+            subprocess.run(command + ([] if args.tune else ["--no-tune"]), check=True)
+        return
+    print(f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
+    measure(args.nodes[0], args)
+
+
+if __name__ == "__main__":
+    main()
