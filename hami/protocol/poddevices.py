@@ -6,6 +6,7 @@ per container (init containers first), empty entries kept so indexes match conta
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -70,7 +71,12 @@ def _decode_entry(entry: str) -> list[ContainerDevice]:
         memory = parse_int32(memory_text, what=_WHAT, field="memory")
         cores = parse_int32(cores_text, what=_WHAT, field="cores")
         _check_range(memory, cores, piece)
-        devices.append(ContainerDevice(uuid=uuid, vendor=vendor, memory=memory, cores=cores))
+        # Interned: every pod on a device holds its id (the register's, interned too), and
+        # the vendor word repeats on every entry: one string each instead of one per pod.
+        device = ContainerDevice(
+            uuid=sys.intern(uuid), vendor=sys.intern(vendor), memory=memory, cores=cores
+        )
+        devices.append(device)
     return devices
 
 

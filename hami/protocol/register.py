@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -183,16 +184,18 @@ def _decode_segment(segment: str, *, position: int) -> NodeDevice:
         if index < 0:
             raise ProtocolError(_WHAT, "index is negative", segment)
         mode = fields[8]
+    # Interned: a pod's value names the same ids (hami.protocol.poddevices), and models
+    # and modes repeat on every node; at 65,000 nodes the copies are tens of MiB.
     return NodeDevice(
-        uuid=uuid,
+        uuid=sys.intern(uuid),
         count=_non_negative(count, "count"),
         memory=_non_negative(memory, "memory"),
         cores=_non_negative(cores, "cores"),
-        model=model,
+        model=sys.intern(model),
         numa=parse_int(numa, what=_WHAT, field="numa", bits=64),
         healthy=parse_go_bool(healthy, what=_WHAT, field="healthy"),
         index=index,
-        mode=mode,
+        mode=sys.intern(mode),
     )
 
 
