@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextvars
 import gc
 import os
@@ -94,6 +95,9 @@ async def lateness_probe(samples: list[float], stop: asyncio.Event) -> None:
         samples.append(time.perf_counter() - began - 0.001)
 
 
+HELD = 64  # reservations the filter loop keeps at a time
+
+
 def unplaceable_pod() -> dict[str, Any]:
     """A pod no node can take (more memory than any device): its filter calls change no
     node, as kube-scheduler retrying a pending pod."""
@@ -121,14 +125,24 @@ async def filter_loop(
     TASK.set("filter")
     shapes = bench_filter.request_pods() if changing else [unplaceable_pod()]
     rng = random.Random(7)
+    held: collections.deque[str] = collections.deque()
+    calls = 0
     while not stop.is_set():
+        calls += 1
         shape = rng.choice(shapes)
+        name = f"{shape['metadata']['name']}-{calls}"  # a pod of its own each call
+        pod = {**shape, "metadata": {**shape["metadata"], "name": name, "uid": name}}
         began, began_cpu = time.perf_counter(), time.thread_time()
-        await scheduler.filter({"Pod": shape, "NodeNames": names})
+        await scheduler.filter({"Pod": pod, "NodeNames": names})
         out.append((time.perf_counter() - began, time.thread_time() - began_cpu))
-        # Release the reservation: the node changes again, so the next scrape re-renders it.
-        scheduler.cluster.release(f"bench/{shape['metadata']['name']}")
+        # The last HELD reservations stay, the oldest is released: nodes keep changing
+        # (a release right away would leave every node as it was at the next scrape).
+        held.append(f"bench/{name}")
+        if len(held) > HELD:
+            scheduler.cluster.release(held.popleft())
         await asyncio.sleep(0.002)
+    for key in held:
+        scheduler.cluster.release(key)
 
 
 async def scrape(port: int, gzip: bool) -> tuple[int, float]:
@@ -174,13 +188,27 @@ class LongestStep:
             owner = context.get(TASK, "scrape") if context is not None else "scrape"
             if owner == "scrape" and spent > probe.longest:
                 probe.longest = spent
-                probe.what = repr(handle)[:160]
+                probe.what = _step_name(handle)
 
         asyncio.events.Handle._run = run  # type: ignore[method-assign,assignment]
 
     def clear(self) -> None:
         self.longest = 0.0
         self.what = ""
+
+
+def _step_name(handle: asyncio.events.Handle) -> str:
+    """A task step as the coroutine where it stopped (innermost await), else the handle."""
+    task = getattr(getattr(handle, "_callback", None), "__self__", None)
+    if not isinstance(task, asyncio.Task):
+        return repr(handle)[:160]
+    coro: Any = task.get_coro()
+    names = []
+    while coro is not None and hasattr(coro, "cr_frame"):
+        frame = coro.cr_frame
+        names.append(f"{coro.__qualname__}:{frame.f_lineno if frame else '-'}")
+        coro = coro.cr_await
+    return " > ".join(names)
 
 
 class GcPauses:

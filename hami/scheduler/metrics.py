@@ -217,8 +217,9 @@ class _Built:
     ``size`` of the text it holds."""
 
     version: int
-    pieces: tuple[bytes, ...]
-    packed: bytes
+    # Lists, not tuples: a dropped body is emptied piece by piece (``_release``).
+    pieces: list[bytes]
+    packed: list[bytes]
     crc: int
     size: int
 
@@ -261,16 +262,35 @@ def _build(snapshot: _Snapshot | None, plain: _Built | None, pack: bool) -> _Bui
     else:
         raise ValueError("nothing to build from")
     if not pack:
-        return _Built(version, tuple(_coalesce(pieces)), b"", 0, 0)
+        return _Built(version, list(_coalesce(pieces)), [], 0, 0)
     packer = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
-    out: list[bytes] = []
     crc = size = 0
-    for piece in pieces:  # streamed: the plain text is never whole in memory
-        out.append(packer.compress(piece))
-        crc = zlib.crc32(piece, crc)
-        size += len(piece)
-    out.append(packer.flush(zlib.Z_FULL_FLUSH))
-    return _Built(version, (), b"".join(out), crc, size)
+
+    def packed() -> Iterator[bytes]:
+        nonlocal crc, size
+        for piece in pieces:  # streamed: the plain text is never whole in memory
+            yield packer.compress(piece)
+            crc = zlib.crc32(piece, crc)
+            size += len(piece)
+        yield packer.flush(zlib.Z_FULL_FLUSH)
+
+    out = list(_coalesce(packed()))
+    return _Built(version, [], out, crc, size)
+
+
+def _release(bodies: list[_Built]) -> None:
+    """Run in the worker thread: free dropped bodies a piece (about a megabyte) at a
+    time. Freeing a gigabyte body at once on the loop held it for over 100 ms; one
+    piece at a time, the loop's thread gets the GIL between pieces."""
+    for body in bodies:
+        for kept in (body.pieces, body.packed):
+            while kept:
+                kept.pop()
+
+
+def _drop(bodies: list[_Built]) -> None:
+    if bodies:
+        _worker().submit(_release, bodies)
 
 
 class ClusterText:
@@ -309,6 +329,7 @@ class ClusterText:
         the next scrape that exports the gauges renders everything again."""
         self.cluster.changed_nodes = self.cluster.changed_pods = None
         self.nodes, self.pods = {}, {}  # replaced: a build may still read the old
+        _drop([body for body in (self._plain, self._packed) if body is not None])
         self._plain = self._packed = None
         self.version += 1
 
@@ -366,6 +387,7 @@ class ClusterText:
             raise RuntimeError("a scrape is being built; use write_to meanwhile")
         self.catch_up()
         if self._plain is None or self._plain.version != self.version:
+            _drop([self._plain] if self._plain is not None else [])
             self._plain = _build(self.snapshot(), None, False)
         return self._plain
 
@@ -389,14 +411,16 @@ class ClusterText:
             built = await loop.run_in_executor(_worker(), _build, snapshot, plain, gzip)
             # Only the kind asked for is kept: Prometheus asks for gzip, and a kept
             # plain body would double the memory of the kept text.
+            stale = [body for body in (self._plain, self._packed) if body is not None]
             if gzip:
                 self._packed = built
             else:
                 self._plain = built
-            for other in ("_plain", "_packed"):
-                held = getattr(self, other)
-                if held is not None and held.version != version:
-                    setattr(self, other, None)
+            if self._plain is not None and self._plain.version != version:
+                self._plain = None
+            if self._packed is not None and self._packed.version != version:
+                self._packed = None
+            _drop([body for body in stale if body is not self._plain and body is not self._packed])
             return built
 
     def small(self) -> bytes:
@@ -560,14 +584,14 @@ def _gzip_parts(head: bytes, built: _Built | None, tail: bytes) -> list[bytes]:
     first = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
     last = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
     crc, size = zlib.crc32(head), len(head)
-    middle = b""
+    middle: list[bytes] = []
     if built is not None:
         crc, size = crc32_combine(crc, built.crc, built.size), size + built.size
         middle = built.packed
     crc, size = crc32_combine(crc, zlib.crc32(tail), len(tail)), size + len(tail)
     return [
         GZIP_HEADER + first.compress(head) + first.flush(zlib.Z_FULL_FLUSH),
-        middle,
+        *middle,
         last.compress(tail) + last.flush() + struct.pack("<II", crc, size & 0xFFFFFFFF),
     ]
 
