@@ -12,12 +12,14 @@ and stop), by generation and by phase:
 - ``filter``: ``Scheduler.filter`` calls with freshly decoded ``full`` and ``kube`` lists
   (``bench_filter_scale.run``: placements released after each call, a no-fit pod every
   fifth call);
-- ``relist``: every Node seen again with a new resourceVersion (a watch relist after
-  410 Gone), then filter calls again; the longest single upsert is printed too.
+- ``relist``: every Node, then every running Pod (unless ``--no-pods``) seen again
+  unchanged with a new resourceVersion (watch relists after 410 Gone), then filter calls
+  again; the longest single event is printed too.
 
 Unless ``--no-tune``, the heap is settled once both lists are in, as the scheduler role
 does when both reflectors report synced (``hami.scheduler.heap.settle``). Printed:
-pauses (count, p99, max, total) per phase and generation, ``gc.get_count()``, tracked
+pauses (count, p99, max, total, and the longest in CPU time: this machine is shared)
+per phase and generation, ``gc.get_count()``, tracked
 and frozen objects, RSS after the build and at the end, filter p50/p99 per list.
 A benchmark, not a test: it prints figures and never fails on them.
 """
@@ -39,6 +41,7 @@ from bench_filter_scale import Lists, kube_count
 from bench_filter_scale import run as run_calls
 
 from hami import config, log
+from hami.protocol import encode_pod_devices
 from hami.scheduler.heap import settle
 from hami.scheduler.service import Scheduler
 
@@ -48,16 +51,18 @@ class Pauses:
 
     def __init__(self) -> None:
         self.phase = "build"
-        self.began = 0.0
+        self.began = self.cpu = 0.0
         self.samples: dict[tuple[str, int], list[float]] = defaultdict(list)
+        self.cpu_ms: dict[tuple[str, int], list[float]] = defaultdict(list)
         self.collected = 0
 
     def __call__(self, what: str, info: dict[str, Any]) -> None:
         if what == "start":
-            self.began = time.perf_counter()
+            self.began, self.cpu = time.perf_counter(), time.thread_time()
             return
         ms = (time.perf_counter() - self.began) * 1000
         self.samples[(self.phase, info["generation"])].append(ms)
+        self.cpu_ms[(self.phase, info["generation"])].append((time.thread_time() - self.cpu) * 1000)
         self.collected += info.get("collected", 0)
 
     def report(self, phase: str) -> list[str]:
@@ -70,6 +75,7 @@ class Pauses:
             lines.append(
                 f"    gen {gen}: {len(ms):6d} passes  p99 {percentile(ms, 0.99):8.2f} ms"
                 f"  max {max(ms):8.2f} ms  total {sum(ms):8.0f} ms"
+                f"  (cpu max {max(self.cpu_ms[(phase, gen)]):7.2f} ms)"
             )
         return lines
 
@@ -116,6 +122,34 @@ def relist(scheduler: Scheduler) -> float:
     return longest * 1000
 
 
+def relist_pods(scheduler: Scheduler) -> float:
+    """Every running pod again, unchanged, as a pod relist hands them over."""
+    longest = 0.0
+    for key, record in list(scheduler.cluster.pods.items()):
+        namespace, name = key.split("/", 1)
+        obj = {  # bench_filter.build's pod
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": record.uid,
+                "resourceVersion": "2",
+                "annotations": {
+                    "hami.io/vgpu-node": record.node,
+                    "hami.io/vgpu-devices-allocated": encode_pod_devices(
+                        record.assignment[KIND.type_word]
+                    ),
+                    "hami.io/bind-phase": "success",
+                },
+            },
+            "spec": {"nodeName": record.node, "containers": [{"name": "c"}]},
+            "status": {"phase": "Running"},
+        }
+        began = time.perf_counter()
+        scheduler.on_pod("MODIFIED", obj)
+        longest = max(longest, time.perf_counter() - began)
+    return longest * 1000
+
+
 def measure(nodes: int, args: argparse.Namespace) -> None:
     pauses = Pauses()
     gc.callbacks.append(pauses)
@@ -150,10 +184,14 @@ def measure(nodes: int, args: argparse.Namespace) -> None:
     began = time.perf_counter()
     longest = relist(scheduler)
     took = time.perf_counter() - began
+    began = time.perf_counter()
+    longest_pod = relist_pods(scheduler) if args.pods else 0.0
+    took_pods = time.perf_counter() - began
     lines = calls(scheduler, names, args)
     print(
         f"  relist of {nodes} nodes in {took:.1f}s (longest upsert {longest:.2f} ms), "
-        f"then filter (load {os.getloadavg()[0]:.2f}):"
+        f"of {len(scheduler.cluster.pods)} pods in {took_pods:.1f}s (longest "
+        f"{longest_pod:.2f} ms), then filter (load {os.getloadavg()[0]:.2f}):"
     )
     print("\n".join(lines))
     print("\n".join(pauses.report("relist")))
@@ -167,13 +205,15 @@ def main() -> None:
     parser.add_argument("--policy", default="binpack")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-tune", dest="tune", action="store_false")
+    parser.add_argument("--no-pods", dest="pods", action="store_false", help="relist nodes only")
     args = parser.parse_args()
     log.configure("warning", "console", stream=sys.stderr)
     if len(args.nodes) > 1:  # one process per cluster
         for nodes in args.nodes:
             command = [sys.executable, __file__, "--nodes", str(nodes), "--calls", str(args.calls)]
             command += ["--policy", args.policy, "--seed", str(args.seed)]
-            subprocess.run(command + ([] if args.tune else ["--no-tune"]), check=True)
+            command += [] if args.tune else ["--no-tune"]
+            subprocess.run(command + ([] if args.pods else ["--no-pods"]), check=True)
         return
     print(f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
     measure(args.nodes[0], args)

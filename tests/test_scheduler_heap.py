@@ -3,14 +3,18 @@
 
 from __future__ import annotations
 
+import copy
 import gc
 import weakref
 from collections.abc import Iterator
 
 import pytest
+from _core_helpers import NOW, NVIDIA, gpu, node, pod, register
 from _sched_helpers import FakeClock, running_scheduler
 
+from hami.core.cluster import Cluster
 from hami.kube.client import Kube
+from hami.protocol import ContainerDevice, encode_pod_devices
 from hami.scheduler import heap
 from hami.testkit.cluster import poll
 
@@ -53,3 +57,32 @@ async def test_role_settles_the_heap_after_both_lists(kube: Kube, fresh_gc: None
         assert role.scheduler.nodes_synced.is_set() and role.scheduler.pods_synced.is_set()
         await poll(lambda: gc.get_freeze_count() > 0, what="the heap frozen after sync")
         assert gc.get_threshold() == heap.THRESHOLD
+
+
+def test_an_unchanged_pod_keeps_its_record_and_strings_are_shared() -> None:
+    """A relisted pod that holds the same leaves its (frozen) record in place, and the
+    decoded ids and names are the node's own strings (interned)."""
+    cluster = Cluster([NVIDIA])
+    cluster.upsert_node(node("n1", register(["GPU-a", "GPU-b"])), NOW)
+    value = encode_pod_devices([[ContainerDevice("GPU-a", "NVIDIA", 1000, 10)]])
+    obj = pod(
+        gpu(mem=1000, cores=10),
+        annotations={"hami.io/vgpu-node": "n1", "hami.io/vgpu-devices-allocated": value},
+        node_name="n1",
+        phase="Running",
+    )
+    cluster.upsert_pod(obj, NOW)
+    first = cluster.pods["default/p"]
+    cluster.upsert_pod(copy.deepcopy(obj), NOW)
+    assert cluster.pods["default/p"] is first
+    (uuid,) = first.usage
+    assert uuid is cluster.nodes["n1"].devices["GPU-a"].uuid
+    assert first.node is cluster.nodes["n1"].name
+    assert next(iter(cluster.pods)) is first.key
+    changed = copy.deepcopy(obj)
+    changed["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"] = encode_pod_devices(
+        [[ContainerDevice("GPU-b", "NVIDIA", 1000, 10)]]
+    )
+    cluster.upsert_pod(changed, NOW)
+    assert cluster.pods["default/p"] is not first
+    assert cluster.usage_snapshot()["n1"] == {"GPU-b": (1, 1000, 10)}

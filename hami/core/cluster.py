@@ -25,7 +25,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
@@ -736,7 +736,10 @@ class Cluster:
             self.changed_pods.add(key)
         old = self.pods.get(key)
         if old is not None and record is not None and _same_hold(old, record):
-            self.pods[key] = record  # the same hold; its bookkeeping may differ
+            if not _identical(old, record):
+                self.pods[key] = record  # the same hold; its bookkeeping may differ
+            # else the old record stays: a relist then leaves no new objects behind for
+            # the collector to walk (the old one is frozen: hami.scheduler.heap)
             return
         if old is not None:
             del self.pods[key]
@@ -1204,6 +1207,14 @@ _FIX = (
     "fix: write back the value as the scheduler wrote it (protocol.md §3: "
     "uuid,vendor,MiB,cores: per device, ; after each container) or delete the pod"
 )
+
+
+_RECORD_FIELDS = tuple(f.name for f in fields(PodRecord))
+
+
+def _identical(a: PodRecord, b: PodRecord) -> bool:
+    """Every field equal, bookkeeping included: either record will do."""
+    return all(getattr(a, name) == getattr(b, name) for name in _RECORD_FIELDS)
 
 
 def _same_decision(previous: PodRecord | None, node: str, uid: str) -> bool:
