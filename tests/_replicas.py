@@ -175,3 +175,19 @@ async def _is_value(value: Any, want: float) -> bool:
 
 async def _above(value: Any, floor: float) -> bool:
     return bool((await value or 0) > floor)
+
+
+async def hand_over_to_processes(
+    cluster: LocalCluster, controlplane: ControlPlane
+) -> dict[str, Any]:
+    """The cluster's own in-process scheduler role and kube-scheduler give way to replicas
+    run as processes (as a two-replica Deployment runs them); returns kube-scheduler's
+    config for them to start from."""
+    base = cluster.kube_scheduler_config()
+    own = cluster.kube_scheduler
+    cluster.kube_scheduler = None
+    assert own is not None
+    await asyncio.to_thread(own.stop)
+    controlplane.schedulers.remove(own)
+    await cluster.stop_role()
+    return base

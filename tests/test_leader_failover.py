@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _replicas import Replica, _above, _holder, _is, _is_value, _truthy
+from _replicas import Replica, _above, _holder, _is, _is_value, _truthy, hand_over_to_processes
 from _sched_helpers import unique
 
 from hami.kube.client import Kube
@@ -90,15 +90,7 @@ def _bookings(pods: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
 async def test_the_standby_takes_over_when_the_leading_pod_is_killed_mid_burst(
     cluster: LocalCluster, controlplane: ControlPlane, kube: Kube, tmp_path: Path
 ) -> None:
-    # The cluster's own in-process scheduler role and kube-scheduler give way to two
-    # replicas as processes, as a two-replica Deployment runs them.
-    base = cluster.kube_scheduler_config()
-    own = cluster.kube_scheduler
-    cluster.kube_scheduler = None
-    assert own is not None
-    await asyncio.to_thread(own.stop)
-    controlplane.schedulers.remove(own)
-    await cluster.stop_role()
+    base = await hand_over_to_processes(cluster, controlplane)
 
     hami_lease, ks_lease = unique("hami-lease"), unique("ks-lease")
     a, b = Replica("pod-a", tmp_path), Replica("pod-b", tmp_path)

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from _cluster_checks import answered_holds, assert_within_devices, holds
-from _replicas import Replica, _holder, _is, _is_value, _truthy
+from _replicas import Replica, _holder, _is, _is_value, _truthy, hand_over_to_processes
 from _sched_helpers import unique
 
 from hami.kube.client import Kube
@@ -63,13 +63,7 @@ async def _binds_answered(replica: Replica) -> float:
 async def test_a_frozen_leader_never_completes_binds_after_losing_its_lease(
     cluster: LocalCluster, controlplane: ControlPlane, kube: Kube, tmp_path: Path
 ) -> None:
-    base = cluster.kube_scheduler_config()
-    own = cluster.kube_scheduler
-    cluster.kube_scheduler = None
-    assert own is not None
-    await asyncio.to_thread(own.stop)
-    controlplane.schedulers.remove(own)
-    await cluster.stop_role()
+    base = await hand_over_to_processes(cluster, controlplane)
 
     hami_lease, ks_lease = unique("sb-hami"), unique("sb-ks")
     high = unique("sb-high")
