@@ -14,7 +14,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from hami.protocol import ContainerDevice, NodeDevice, handshake, keys, register
+from hami.core.requests import NodeReader, PodAnnotator
+from hami.protocol import (
+    ContainerDevice,
+    NodeDevice,
+    decode_node_devices,
+    handshake,
+    keys,
+    register,
+)
+from hami.protocol.objects import annotations_of
 from hami.protocol.resources import ResourceNames as ResourceNames  # re-exported: its old home
 
 
@@ -108,6 +117,9 @@ class Backend(abc.ABC):
     # A container limit passed to the device runtime as the task priority (not a device
     # count): managed by hami, ignored by kube-scheduler. None: the backend has none.
     priority_resource: str | None = None
+    # The words in the selector annotations' keys, (type, uuid), where Go HAMi's differ from
+    # the count resource's (DeviceKind.selector_words); empty: derived from it.
+    selector_words: tuple[str, ...] = ()
 
     def __init__(self, settings: BackendSettings | None = None) -> None:
         self.settings = settings or BackendSettings()
@@ -132,6 +144,39 @@ class Backend(abc.ABC):
     def handshake_keys(self) -> tuple[str, ...]:
         """Every key the heartbeat goes to: NVIDIA also writes Go HAMi's own key."""
         return keys.handshake_keys(self.type_word)
+
+    # Scheduler side: how a node's devices are read and what a decision adds to the pod
+
+    def devices_from_node(self, node: Mapping[str, Any]) -> list[NodeDevice] | None:
+        """This type's devices on a Node object (a dict), as Go HAMi's ``GetNodeDevices``
+        reads them; None when the node has none. The default decodes the register annotation;
+        capacity-based vendors read ``status.capacity``. Pure; raises ProtocolError when what
+        it reads is malformed."""
+        value = annotations_of(node).get(self.register_key)
+        return None if value is None else decode_node_devices(value)
+
+    @property
+    def node_reader(self) -> NodeReader | None:
+        """``devices_from_node`` when this backend reads nodes its own way, else None: the
+        scheduler then reads only the register value, decoding it only when it changes."""
+        if type(self).devices_from_node is Backend.devices_from_node:
+            return None
+        return self.devices_from_node
+
+    def pod_annotations(
+        self, containers: Sequence[Sequence[ContainerDevice]], index_of: Callable[[str], int]
+    ) -> dict[str, str]:
+        """Pod annotations written beside the devices values of a decision that gives this
+        type ``containers`` (per container; ``index_of(uuid)`` is a device's index on its
+        node), as Go HAMi's ``PatchAnnotations`` adds them. Pure; the default adds none."""
+        return {}
+
+    @property
+    def pod_annotator(self) -> PodAnnotator | None:
+        """``pod_annotations`` when this backend adds any, else None."""
+        if type(self).pod_annotations is Backend.pod_annotations:
+            return None
+        return self.pod_annotations
 
     @abc.abstractmethod
     async def enumerate(self) -> list[Device]:
@@ -172,6 +217,13 @@ class Backend(abc.ABC):
     def node_annotations(self, devices: Sequence[Device]) -> dict[str, str]:
         """Further Node annotations written with the register value (NVIDIA: the link
         scores ``hami.io/node-nvidia-score``), from what ``enumerate`` found. Pure."""
+        return {}
+
+    def capacity_units(self, device: Device) -> dict[str, int]:
+        """Further kubelet resources the node agent advertises for ``device`` (name -> units
+        of it), each through a device plugin of its own whose Allocate adds nothing: the
+        capacities Go HAMi's scheduler reads for vendors it models without a register value
+        (Cambricon). Pure; the default advertises none."""
         return {}
 
     @abc.abstractmethod

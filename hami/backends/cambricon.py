@@ -29,11 +29,12 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import structlog
 
+from hami.backends import cambricon_go
 from hami.backends._nvml import numa_node
 from hami.backends.base import (
     AllocationRequest,
@@ -45,6 +46,7 @@ from hami.backends.base import (
     DeviceNode,
     ResourceNames,
 )
+from hami.protocol import ContainerDevice, NodeDevice
 
 log = structlog.get_logger(__name__)
 
@@ -101,6 +103,27 @@ class CambriconBackend(Backend):
 
     def core_limit(self, device: Device) -> int:
         return 0  # no core limiter on MLU
+
+    # Scheduler side as Go HAMi 2.10 models Cambricon (hami.backends.cambricon_go)
+
+    def devices_from_node(self, node: Mapping[str, Any]) -> list[NodeDevice] | None:
+        """The register value when the node has one (this project's agent), else the cards
+        Go HAMi 2.10 reads from kubelet capacity (Cambricon's own device plugin)."""
+        found = super().devices_from_node(node)
+        if found is not None:
+            return found
+        return cambricon_go.devices_from_capacity(node, self.resources)
+
+    def pod_annotations(
+        self, containers: Sequence[Sequence[ContainerDevice]], index_of: Callable[[str], int]
+    ) -> dict[str, str]:
+        return cambricon_go.dsmlu_annotations(containers, index_of)
+
+    def capacity_units(self, device: Device) -> dict[str, int]:
+        """vcore and vmemory units, so that Go's scheduler finds the cards (Go 2.10 reads
+        only these capacities for Cambricon)."""
+        registered = self.to_node_devices([device])[0].memory
+        return cambricon_go.capacity_units(registered, self.resources)
 
     # Enumeration
 

@@ -33,7 +33,13 @@ from typing import Any
 from hami.core import nofit, topology
 from hami.core.fit import BINPACK, NodeFit, NodeMiss, PairScores, TypeView, fit_pod
 from hami.core.quota import Quotas
-from hami.core.requests import DeviceKind, DeviceRequest, PodRequest, parse_quantity
+from hami.core.requests import (
+    DeviceKind,
+    DeviceRequest,
+    NodeReader,
+    PodRequest,
+    parse_quantity,
+)
 from hami.core.usage import DeviceState, Use, pod_usage, requesting
 from hami.protocol import (
     ContainerDevice,
@@ -80,7 +86,12 @@ class TypeState:
     """One device type on one node."""
 
     kind: DeviceKind
+    # The register value, or (no register value) what the backend's devices_from_node read
+    # from the Node as text: the devices are read again only when it changes.
     register_value: str | None = None
+    # False: the devices were read from the Node by the backend (kubelet capacity), not
+    # from a register value; no heartbeat is kept for them, as Go HAMi keeps none.
+    heartbeat: bool = True
     handshake_value: str | None = None  # the first of ``handshakes`` (this project's key first)
     handshakes: dict[str, str] = field(default_factory=dict)  # every heartbeat key present
     devices: list[DeviceState] = field(default_factory=list)
@@ -327,6 +338,10 @@ class Cluster:
         devices_changed = False
         for word, kind in self.kinds.items():
             register = annotations.get(keys.node_register(word))
+            read = None
+            if register is None and kind.devices_from_node is not None:
+                read = _read_node(kind.devices_from_node, obj)
+                register = None if read is None else read[0]
             shakes = {k: annotations[k] for k in kind.heartbeat_keys() if k in annotations}
             state = node.types.get(word)
             if state is None:
@@ -345,8 +360,9 @@ class Cluster:
                 devices_changed = True
             if register != state.register_value:
                 state.register_value = register
+                state.heartbeat = read is None
                 state.reported_at = None  # a Reported seen before it no longer counts
-                error = self._load_register(node, state)
+                error = self._load_register(node, state, read)
                 devices_changed = True
                 if error:
                     # The key goes with the error so the log names node, key and reason.
@@ -357,12 +373,18 @@ class Cluster:
             self._node_changed(node)
         return errors, changes
 
-    def _load_register(self, node: NodeState, state: TypeState) -> str | None:
+    def _load_register(
+        self, node: NodeState, state: TypeState, read: _Read | None = None
+    ) -> str | None:
         for device in state.devices:
             node.devices.pop(device.uuid, None)
         state.devices = []
         state.error = None
-        if state.register_value is not None:
+        if read is not None:
+            _source, devices, state.error = read
+            state.devices = [_device_state(d) for d in devices]
+            state.devices.sort(key=lambda d: d.index)
+        elif state.register_value is not None:
             try:
                 decoded = decode_node_devices(state.register_value)
             except ProtocolError as exc:
@@ -447,7 +469,10 @@ class Cluster:
         writes: dict[str, str] = {}
         changes: list[AvailabilityChange] = []
         for word, state in node.types.items():
-            available, reason, stamps = self._decide_keys(state, now)
+            if state.heartbeat:
+                available, reason, stamps = self._decide_keys(state, now)
+            else:  # read by the backend from the Node (capacity): there while it is read
+                available, reason, stamps = True, None, {}
             if reason == handshake.HANDSHAKE_TIMED_OUT and self._not_heartbeating(state, now):
                 available, reason = True, None
             if state.kubelet_reason is not None:
@@ -1316,6 +1341,24 @@ def _note_reported(state: TypeState, shakes: Mapping[str, str], now: datetime) -
         at = _utc(now) if stamp is None or stamp > _utc(now) else stamp
         if state.reported_at is None or at > state.reported_at:
             state.reported_at = at
+
+
+_Read = tuple[str, list[NodeDevice], str | None]  # (source text, devices, error)
+
+
+def _read_node(reader: NodeReader, obj: Mapping[str, Any]) -> _Read | None:
+    """A backend's own reading of a Node (``DeviceKind.devices_from_node``); None when it
+    finds none of its devices. Its text stands for the register value (compared on every
+    Node update), and a reader's failure is the type's error, never the watch's."""
+    try:
+        devices = reader(obj)
+    except ProtocolError as exc:
+        return f"unreadable: {exc}", [], str(exc)
+    except Exception as exc:  # a plug-in's bug costs its type on this node only
+        return f"failed: {exc!r}", [], f"reading the node's devices failed: {exc!r}"
+    if devices is None:
+        return None
+    return repr(devices), list(devices), None
 
 
 def _resources(obj: Mapping[str, Any], field_name: str) -> Mapping[str, Any]:

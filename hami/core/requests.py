@@ -22,12 +22,12 @@ never rejects the pod: the default is used and ``PodRequest.warnings`` says so.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from hami.protocol import keys
+from hami.protocol import ContainerDevice, NodeDevice, keys
 from hami.protocol.objects import annotations_of, pod_containers, pod_key
 from hami.protocol.resources import ResourceNames
 
@@ -43,6 +43,18 @@ DEVICE_SCORING_WEIGHTS = "hami.io/device-scoring-weights"
 
 class RequestError(ValueError):
     """A pod's request is invalid; the message names the container and what to fix."""
+
+
+NodeReader = Callable[[Mapping[str, Any]], "list[NodeDevice] | None"]
+"""A backend's ``devices_from_node``: a Node object -> its devices of the backend's type (Go
+HAMi's ``GetNodeDevices``); None when the node has none; raises ProtocolError when what it
+reads is malformed."""
+
+PodAnnotator = Callable[
+    [Sequence[Sequence[ContainerDevice]], Callable[[str], int]], Mapping[str, str]
+]
+"""A backend's ``pod_annotations``: a decision's devices per container and each device's
+index on its node -> further pod annotations Go HAMi writes with the decision."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +76,16 @@ class DeviceKind:
     # Devices a container gets when it names only memory, percentage or cores (Go HAMi's
     # ``defaultGPUNum``); the webhook adds it as the count resource.
     default_count: int = 1
+    # How the scheduler reads a node's devices of this kind when the node has no register
+    # value: the backend's ``devices_from_node`` (capacity-based vendors, as Go HAMi 2.10
+    # reads Cambricon); None: the register value only (read when it changes).
+    devices_from_node: NodeReader | None = None
+    # Further pod annotations written with the kind's decision (Go HAMi's Cambricon dsmlu
+    # profile); None: only the devices values.
+    pod_annotations: PodAnnotator | None = None
+    # The words in the selector annotations' keys, (type, uuid): Go HAMi's Hygon reads
+    # ``hygon.com/use-dcutype`` and ``hygon.com/use-gpuuuid``; empty: ``selector_word``.
+    selector_words: tuple[str, ...] = ()
 
     def heartbeat_keys(self) -> tuple[str, ...]:
         return self.handshake_keys or keys.handshake_keys(self.type_word)
@@ -93,7 +115,10 @@ class DeviceKind:
         if name == "numa-bind":
             return f"{prefix}numa-bind"
         verb, what = name.split("-", 1)
-        return f"{prefix}{verb}-{self.selector_word}{what}"
+        word = self.selector_word
+        if self.selector_words:
+            word = self.selector_words[0] if what == "type" else self.selector_words[1]
+        return f"{prefix}{verb}-{word}{what}"
 
     @classmethod
     def from_backend(cls, backend: Any) -> DeviceKind:
@@ -107,6 +132,9 @@ class DeviceKind:
             default_cores=int(getattr(backend, "default_cores", 0)),
             priority_resource=getattr(backend, "priority_resource", None),
             handshake_keys=tuple(getattr(backend, "handshake_keys", ())),
+            devices_from_node=getattr(backend, "node_reader", None),
+            pod_annotations=getattr(backend, "pod_annotator", None),
+            selector_words=getattr(backend, "selector_words", ()),
         )
 
 

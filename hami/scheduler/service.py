@@ -393,6 +393,8 @@ class Scheduler:
                 value = encode_pod_devices(per_container)
                 annotations[kind.allocated_key] = value
                 annotations[kind.to_allocate_key] = value
+                if kind.pod_annotations is not None:  # Go HAMi's extra keys (Cambricon)
+                    annotations.update(kind.pod_annotations(per_container, self._index_on(node)))
             else:
                 # A decision made before (a retried pod) may have used this type.
                 for stale in (kind.allocated_key, kind.to_allocate_key):
@@ -402,6 +404,17 @@ class Scheduler:
             if stale in existing:
                 annotations[stale] = None
         return annotations
+
+    def _index_on(self, node: str) -> Callable[[str], int]:
+        """A device's index on ``node`` by uuid, as the cluster read it (0 when unknown)."""
+        state = self.cluster.nodes.get(node)
+        devices = state.devices if state is not None else {}
+
+        def index_of(uuid: str) -> int:
+            device = devices.get(uuid)
+            return device.index if device is not None else 0
+
+        return index_of
 
     # ------------------------------------------------------------------ events
 
