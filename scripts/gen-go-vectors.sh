@@ -6,7 +6,10 @@
 #            checked by tests/test_go_vectors.py
 #   webhook  tools/gohami-vectors/webhook/specs.json through Go HAMi's admission webhook
 #            -> tests/data/go-webhook-vectors.json, checked by tests/test_webhook_go_parity.py
-# Usage: scripts/gen-go-vectors.sh [codec|webhook]...   (no argument: both)
+#   mig      tools/gohami-vectors/mig/cases.json through Go HAMi's dynamic-MIG functions
+#            (allow-list, profile choice, vgpu-mig-allocations, register with MIG profiles)
+#            -> tests/data/hami-go-v2.10-mig.json, checked by tests/test_mig_go_vectors.py
+# Usage: scripts/gen-go-vectors.sh [codec|webhook|mig]...   (no argument: all three)
 # Go HAMi's module is not served by the Go module proxy, so each program is built in a work
 # module outside this repository whose go.mod is Go HAMi's own (same dependency versions) plus
 # a replace of Go HAMi by the unpacked tree. Nothing of Go HAMi is copied into this repository.
@@ -22,11 +25,11 @@ cache="${XDG_CACHE_HOME:-$HOME/.cache}/hami"
 src="${HAMI_SRC:-$cache/hami-src/$commit}"
 out_dir="${OUT_DIR:-$repo/tests/data}"
 generators=("$@")
-[ ${#generators[@]} -gt 0 ] || generators=(codec webhook)
+[ ${#generators[@]} -gt 0 ] || generators=(codec webhook mig)
 for gen in "${generators[@]}"; do
   case "$gen" in
-    codec | webhook) ;;
-    *) echo "gen-go-vectors: unknown generator $gen (codec, webhook)" >&2; exit 2 ;;
+    codec | webhook | mig) ;;
+    *) echo "gen-go-vectors: unknown generator $gen (codec, webhook, mig)" >&2; exit 2 ;;
   esac
 done
 if [ ! -f "$src/go.mod" ]; then
@@ -54,6 +57,7 @@ for gen in "${generators[@]}"; do
   case "$gen" in
     codec) input=cases.json flag=-cases out="$out_dir/hami-go-v2.10.json" ;;
     webhook) input=specs.json flag=-specs out="$out_dir/go-webhook-vectors.json" ;;
+    mig) input=cases.json flag=-cases out="$out_dir/hami-go-v2.10-mig.json" ;;
   esac
   work="$cache/gohami-vectors/$commit/$gen"
   mkdir -p "$work"

@@ -35,6 +35,7 @@ from hami.protocol import (
     keys,
     parse_lock,
 )
+from hami.protocol.mig import MigPlacement, MigProfile
 from hami.protocol.nodelock import rfc3339
 from hami.protocol.register import encode_node_devices_json
 
@@ -49,7 +50,6 @@ TAIL = "§3: text after the final ';' that is no device rejects the value (Go ig
 BRACKET = "§8 ids: the seed writer refuses an id starting with '[' (read as JSON first)"
 EMPTY_ID = "our pod writer never writes an empty uuid or vendor word (no device has one)"
 NO_DEVICES = "§1: a backend with no devices writes nothing (Go's readers reject '' too)"
-MIG = "this project registers no MIG profiles (NodeDevice has none to write)"
 NULL_ITEM = "Go's generic reader takes a null device; its NVIDIA reader then panics"
 # protocol.md §2's handshake table, which this project keeps where Go HAMi differs.
 DELETED = "§2: 'Deleted' makes the type unavailable (Go re-stamps it as healthy)"
@@ -74,7 +74,7 @@ DELIBERATE: dict[str, dict[str, str]] = {
         "legacy-decode-020": NEGATIVE,
         "legacy-decode-021": NEGATIVE,
     },
-    "register_json_encode": {"json-encode-006": NEGATIVE, "json-encode-mig": MIG},
+    "register_json_encode": {"json-encode-006": NEGATIVE},
     "register_legacy_encode": {"legacy-encode-006": NEGATIVE},
     "register_python_form": {
         "seven-field-000": NO_DEVICES,
@@ -213,7 +213,10 @@ def test_the_keys_are_go_hamis() -> None:
 
 
 def _go_device(device: NodeDevice) -> dict[str, Any]:
-    return {
+    # The codec vectors record a device's MIG profiles as their number (the MIG vectors,
+    # tests/test_mig_go_vectors.py, compare them whole).
+    profiles = {"mig_profiles": len(device.mig_profiles)} if device.mig_profiles else {}
+    return profiles | {
         "id": device.uuid,
         "index": device.index,
         "count": device.count,
@@ -226,7 +229,7 @@ def _go_device(device: NodeDevice) -> dict[str, Any]:
     }
 
 
-def _node_device(go: dict[str, Any]) -> NodeDevice:
+def _node_device(go: dict[str, Any], profiles: tuple[MigProfile, ...] = ()) -> NodeDevice:
     return NodeDevice(
         uuid=go["id"],
         count=go["count"],
@@ -237,10 +240,30 @@ def _node_device(go: dict[str, Any]) -> NodeDevice:
         healthy=go["health"],
         index=go["index"],
         mode=go["mode"],
+        mig_profiles=profiles,
     )
 
 
-_EXTRA = ("mig_profiles", "devicevendor")  # what Go's DeviceInfo holds and NodeDevice does not
+def _input_profiles(section: str, name: str) -> list[tuple[MigProfile, ...]]:
+    """Each input device's MIG profiles, from cases.json (the vectors keep only a count)."""
+    cases = json.loads((ROOT / "tools/gohami-vectors/codec/cases.json").read_text())
+    (case,) = [c for c in cases[section] if c["name"] == name]
+    return [
+        tuple(
+            MigProfile(
+                name=p["name"],
+                memory_mb=p["memoryMB"],
+                core=p["core"],
+                slice_count=p["sliceCount"],
+                placements=tuple(MigPlacement(x["start"], x["size"]) for x in p["placements"]),
+            )
+            for p in d.get("migProfiles") or []
+        )
+        for d in case["devices"]
+    ]
+
+
+_EXTRA = ("devicevendor",)  # what Go's DeviceInfo holds and NodeDevice does not
 
 
 def _go_devices(result: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -304,7 +327,8 @@ def test_comma_register_reads_as_go_reads_it(case: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("case", _cases("register_json_encode"))
 def test_json_register_is_written_byte_for_byte_as_go_writes_it(case: dict[str, Any]) -> None:
-    devices = [_node_device(d) for d in case["devices"]]
+    profiles = _input_profiles("register_json_encode", case["name"])
+    devices = [_node_device(d, p) for d, p in zip(case["devices"], profiles, strict=True)]
     try:
         written: str | None = encode_node_devices_json(devices)
     except ProtocolError:

@@ -11,6 +11,8 @@ VGPU_NODE = "hami.io/vgpu-node"
 VGPU_TIME = "hami.io/vgpu-time"
 BIND_TIME = "hami.io/bind-time"
 BIND_PHASE = "hami.io/bind-phase"
+# NVIDIA dynamic MIG: the scheduler's reservation, completed by the node (protocol.md §9).
+MIG_ALLOCATIONS = "hami.io/vgpu-mig-allocations"
 
 # Pod, optional steering by users.
 NODE_SCHEDULER_POLICY = "hami.io/node-scheduler-policy"

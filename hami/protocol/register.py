@@ -9,12 +9,12 @@ protocol.md §8 says this project rejects on purpose (negative counts, memory or
 from __future__ import annotations
 
 import json
-import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hami.protocol._gojson import MinusZero, fold_key, parse_int_literal
 from hami.protocol._ints import (
     INT32_MAX,
     INT32_MIN,
@@ -27,6 +27,8 @@ from hami.protocol._ints import (
     parse_int32,
 )
 from hami.protocol.errors import ProtocolError
+from hami.protocol.mig import MigPlacement, MigProfile, encode_mig_profile
+from hami.protocol.mig import go_string as _go_string
 
 DEFAULT_MODE = "hami-core"
 SEED = "seed"
@@ -49,6 +51,8 @@ class NodeDevice:
     healthy: bool
     index: int = 0
     mode: str = DEFAULT_MODE
+    # A MIG GPU's profiles and legal placements (JSON form only; protocol.md section 9).
+    mig_profiles: tuple[MigProfile, ...] = ()
 
 
 def encode_register(devices: Iterable[NodeDevice], register_format: str = SEED) -> str:
@@ -83,17 +87,6 @@ def encode_node_devices(devices: Iterable[NodeDevice]) -> str:
 
 # --------------------------------------------------------------------------- JSON writer
 
-# Go's encoding/json escapes these besides what every JSON writer escapes.
-_GO_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028"}
-_GO_ESCAPES["\u2029"] = "\\u2029"
-_GO_ESCAPED = re.compile("[<>&\u2028\u2029]")
-_SURROGATE = re.compile("[\ud800-\udfff]")  # not UTF-8: Go writes U+FFFD instead
-
-
-def _go_string(text: str) -> str:
-    quoted = json.dumps(_SURROGATE.sub("\ufffd", text), ensure_ascii=False)
-    return _GO_ESCAPED.sub(lambda m: _GO_ESCAPES[m.group(0)], quoted)
-
 
 def encode_node_devices_json(devices: Iterable[NodeDevice]) -> str:
     """What Go HAMi's ``MarshalNodeDevices`` writes: keys in its struct order, zero values
@@ -116,6 +109,9 @@ def encode_node_devices_json(devices: Iterable[NodeDevice]) -> str:
             fields.append(f'"numa":{device.numa}')
         if device.mode:
             fields.append(f'"mode":{_go_string(device.mode)}')
+        if device.mig_profiles:
+            profiles = ",".join(encode_mig_profile(p) for p in device.mig_profiles)
+            fields.append(f'"migProfiles":[{profiles}]')
         if device.healthy:
             fields.append('"health":true')
         items.append("{" + ",".join(fields) + "}")
@@ -136,6 +132,8 @@ def _check_writable(device: NodeDevice) -> None:
         raise ProtocolError(_WHAT, "index is outside an unsigned 64-bit integer", repr(device))
     if not INT64_MIN <= device.numa <= INT64_MAX:
         raise ProtocolError(_WHAT, "numa does not fit in int64", repr(device))
+    if any(p.memory_mb < 0 or p.core < 0 for p in device.mig_profiles):
+        raise ProtocolError(_WHAT, "a MIG profile's memoryMB or core is negative", repr(device))
 
 
 # --------------------------------------------------------------------------- reader
@@ -207,7 +205,7 @@ def _non_negative(text: str, field: str) -> int:
 
 
 # JSON form (HAMi >= 2.8), read as Go's encoding/json reads it into HAMi's DeviceInfo: keys
-# matched ignoring ASCII case (the last one wins), unknown keys ignored, absent keys and
+# matched ignoring case as Go folds it (the last one wins), unknown keys ignored, absent keys and
 # ``null`` taking the zero value, integers only within their Go type, known keys of the
 # wrong type rejecting the value.
 
@@ -227,6 +225,10 @@ def _integer(low: int, high: int) -> Check:
             raise ValueError(f"JSON key {key!r} is not an integer")
         if not low <= raw <= high:
             raise ValueError(f"JSON key {key!r} is outside {low}..{high}")
+        if isinstance(raw, MinusZero):
+            if low == 0:
+                raise ValueError(f"JSON key {key!r} is -0, not an unsigned integer")
+            return 0
         return raw
 
     return check
@@ -256,7 +258,7 @@ def _list(item: Check) -> Check:
     def check(raw: Any, key: str) -> list[Any]:
         if raw is None:
             return []
-        if not isinstance(raw, list):
+        if isinstance(raw, _Pairs) or not isinstance(raw, list):  # _Pairs: a JSON object
             raise ValueError(f"JSON key {key!r} is not an array")
         return [item(entry, key) for entry in raw]
 
@@ -271,7 +273,7 @@ def _object(fields: Mapping[str, Check]) -> Check:
             raise ValueError(f"JSON key {key!r} is not an object")
         given: dict[str, Any] = {}
         for name, val in raw:
-            folded = _ascii_lower(name)
+            folded = fold_key(name)
             if folded in fields:
                 given[folded] = val
         return {name: field(given.get(name), name) for name, field in fields.items()}
@@ -318,24 +320,21 @@ _DEVICE = _object(
 )
 
 
-def _ascii_lower(text: str) -> str:
-    """Go folds only ASCII letters when it matches keys (a dotless i does not match ``id``)."""
-    return text.translate(_ASCII_LOWER)
-
-
-_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
-
-
 def _decode_json(value: str) -> list[NodeDevice]:
     try:
-        items = json.loads(value, object_pairs_hook=_Pairs, parse_constant=_no_constant)
+        items = json.loads(
+            value,
+            object_pairs_hook=_Pairs,
+            parse_constant=_no_constant,
+            parse_int=parse_int_literal,
+        )
     except (ValueError, RecursionError) as exc:
         # ValueError, not only JSONDecodeError: an integer literal over 4300 digits raises a
         # plain ValueError, which must be rejected like any other invalid JSON.
         raise ProtocolError(_WHAT, f"invalid JSON ({exc})", value) from None
     if items is None:
         return []
-    if not isinstance(items, list):
+    if isinstance(items, _Pairs) or not isinstance(items, list):
         raise ProtocolError(_WHAT, "JSON value is not an array", value)
     return [_decode_json_item(item, value) for item in items]
 
@@ -367,4 +366,26 @@ def _decode_json_item(item: Any, value: str) -> NodeDevice:
         healthy=fields["health"],
         index=fields["index"],
         mode=fields["mode"],
+        mig_profiles=_mig_profiles(fields["migprofiles"], value),
     )
+
+
+def _mig_profiles(items: list[dict[str, Any]], value: str) -> tuple[MigProfile, ...]:
+    """The decoded ``migProfiles``; a negative memoryMB or core rejects the value (§8: as
+    the memory and cores a reservation holds, it would add room)."""
+    profiles: list[MigProfile] = []
+    for item in items:
+        for key in ("memorymb", "core"):
+            if item[key] < 0:
+                raise ProtocolError(_WHAT, f"MIG profile JSON key {key!r} is negative", value)
+        placements = tuple(MigPlacement(p["start"], p["size"]) for p in item["placements"])
+        profiles.append(
+            MigProfile(
+                name=sys.intern(item["name"]),
+                memory_mb=item["memorymb"],
+                core=item["core"],
+                slice_count=item["slicecount"],
+                placements=placements,
+            )
+        )
+    return tuple(profiles)
