@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 GO: dict[str, Any] = data_json("hami-go-v2.10-mig.json")
 CASES: dict[str, Any] = json.loads((ROOT / "tools/gohami-vectors/mig/cases.json").read_text())
 
-NEGATIVE = "§8/§9: a negative MIG profile memoryMB or core rejects the register value"
-NULL_PLACEMENTS = "§9: no placements are written as null, as Go's device plugin writes them"
+NEGATIVE = "§8/§10: a negative MIG profile memoryMB or core rejects the register value"
+NULL_PLACEMENTS = "§10: no placements are written as null, as Go's device plugin writes them"
 
 DELIBERATE: dict[str, dict[str, str]] = {
     "allowlist": {},

@@ -11,7 +11,7 @@ VGPU_NODE = "hami.io/vgpu-node"
 VGPU_TIME = "hami.io/vgpu-time"
 BIND_TIME = "hami.io/bind-time"
 BIND_PHASE = "hami.io/bind-phase"
-# NVIDIA dynamic MIG: the scheduler's reservation, completed by the node (protocol.md §9).
+# NVIDIA dynamic MIG: the scheduler's reservation, completed by the node (protocol.md §10).
 MIG_ALLOCATIONS = "hami.io/vgpu-mig-allocations"
 
 # Pod, optional steering by users.

@@ -1,4 +1,4 @@
-"""NVIDIA MIG values of Go HAMi 2.10's dynamic MIG mode (protocol.md section 9).
+"""NVIDIA MIG values of Go HAMi 2.10's dynamic MIG mode (protocol.md section 10).
 
 Three things travel: a MIG GPU's capability inside the JSON register value (``mode: "mig"``
 and ``migProfiles``, read and written by :mod:`hami.protocol.register` with the types

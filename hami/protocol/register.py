@@ -51,7 +51,7 @@ class NodeDevice:
     healthy: bool
     index: int = 0
     mode: str = DEFAULT_MODE
-    # A MIG GPU's profiles and legal placements (JSON form only; protocol.md section 9).
+    # A MIG GPU's profiles and legal placements (JSON form only; protocol.md section 10).
     mig_profiles: tuple[MigProfile, ...] = ()
 
 
