@@ -9,7 +9,10 @@
 #   mig      tools/gohami-vectors/mig/cases.json through Go HAMi's dynamic-MIG functions
 #            (allow-list, profile choice, vgpu-mig-allocations, register with MIG profiles)
 #            -> tests/data/hami-go-v2.10-mig.json, checked by tests/test_mig_go_vectors.py
-# Usage: scripts/gen-go-vectors.sh [codec|webhook|mig]...   (no argument: all three)
+#   vendors  tools/gohami-vectors/vendors/cases.json through Go HAMi's Cambricon and Hygon
+#            device functions (node reading, webhook and requests, pod annotations)
+#            -> tests/data/go-vendor-vectors.json, checked by tests/test_go_vendor_vectors.py
+# Usage: scripts/gen-go-vectors.sh [codec|webhook|mig|vendors]...   (no argument: all)
 # Go HAMi's module is not served by the Go module proxy, so each program is built in a work
 # module outside this repository whose go.mod is Go HAMi's own (same dependency versions) plus
 # a replace of Go HAMi by the unpacked tree. Nothing of Go HAMi is copied into this repository.
@@ -25,11 +28,11 @@ cache="${XDG_CACHE_HOME:-$HOME/.cache}/hami"
 src="${HAMI_SRC:-$cache/hami-src/$commit}"
 out_dir="${OUT_DIR:-$repo/tests/data}"
 generators=("$@")
-[ ${#generators[@]} -gt 0 ] || generators=(codec webhook mig)
+[ ${#generators[@]} -gt 0 ] || generators=(codec webhook mig vendors)
 for gen in "${generators[@]}"; do
   case "$gen" in
-    codec | webhook | mig) ;;
-    *) echo "gen-go-vectors: unknown generator $gen (codec, webhook, mig)" >&2; exit 2 ;;
+    codec | webhook | mig | vendors) ;;
+    *) echo "gen-go-vectors: unknown generator $gen (codec, webhook, mig, vendors)" >&2; exit 2 ;;
   esac
 done
 if [ ! -f "$src/go.mod" ]; then
@@ -58,6 +61,7 @@ for gen in "${generators[@]}"; do
     codec) input=cases.json flag=-cases out="$out_dir/hami-go-v2.10.json" ;;
     webhook) input=specs.json flag=-specs out="$out_dir/go-webhook-vectors.json" ;;
     mig) input=cases.json flag=-cases out="$out_dir/hami-go-v2.10-mig.json" ;;
+    vendors) input=cases.json flag=-cases out="$out_dir/go-vendor-vectors.json" ;;
   esac
   work="$cache/gohami-vectors/$commit/$gen"
   mkdir -p "$work"
