@@ -35,6 +35,7 @@ from hami.listener import Limits
 from hami.node import http
 from hami.node import monitor as usage
 from hami.node.allocate import Allocator, NodeKube
+from hami.node.capacity import capacity_resources
 from hami.node.metrics import NodeMetrics
 from hami.node.plugin import PluginServer
 from hami.node.registration import Registrar
@@ -107,6 +108,7 @@ class NodeAgent:
         self.states: dict[str, DeviceState] = {}
         self.registrars: dict[str, Registrar] = {}
         self.plugins: dict[str, PluginServer] = {}
+        self.capacity_plugins: dict[str, PluginServer] = {}  # "{backend}:{resource}"
         self.dra: dict[str, Any] = {}  # mode dra: name -> (DRAPluginServer, SlicePublisher)
         self._dra_metrics: Any = None
         self.allocator: Allocator | None = None
@@ -346,6 +348,20 @@ class NodeAgent:
             self._logged(f"device-plugin[{name}]", plugin.run()), name=f"device-plugin[{name}]"
         )
         await plugin.serving.wait()
+        for resource in capacity_resources(state):  # what Go HAMi reads from capacity
+            extra = PluginServer(
+                state,
+                self.allocator,
+                self.metrics,
+                self.plugin_dir,
+                poll=self.kubelet_poll,
+                node=self.node,
+                capacity=resource,
+            )
+            self.capacity_plugins[f"{name}:{resource}"] = extra
+            task = f"device-plugin[{name}:{resource}]"
+            tg.create_task(self._logged(task, extra.run()), name=task)
+            await extra.serving.wait()
         blog.info(
             "backend_started",
             type=backend.type_word,

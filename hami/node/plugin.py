@@ -22,6 +22,7 @@ from hami import log
 from hami._proto.v1beta1 import api_grpc, api_pb2
 from hami.backends.base import ContainerAllocation
 from hami.node.allocate import AllocateError, Allocator, preferred_replicas
+from hami.node.capacity import CapacityService, resource_word
 from hami.node.metrics import NodeMetrics
 from hami.node.state import DeviceState
 
@@ -190,18 +191,29 @@ class PluginServer:
         register_timeout: float = 5.0,
         node: str = "",
         numa_topology: bool = False,
+        capacity: str | None = None,
     ) -> None:
+        """``capacity``: serve that capacity resource of the backend (hami.node.capacity)
+        instead of its count resource."""
         self.state = state
         self.metrics = metrics
         self.plugin_dir = Path(plugin_dir)
-        self.socket_path = self.plugin_dir / socket_name(state.backend.type_word)
+        word = state.backend.type_word
+        if capacity is not None:
+            word = f"{word}-{resource_word(capacity)}"
+        self.socket_path = self.plugin_dir / socket_name(word)
         if len(str(self.socket_path)) >= 108:
             raise ValueError(f"unix socket path too long (max 107 bytes): {self.socket_path}")
         self.kubelet_socket = self.plugin_dir / KUBELET_SOCKET
         self.poll = poll
         self.register_timeout = register_timeout
-        self.service = DevicePluginService(state, allocator, metrics, node, numa_topology)
-        self.resource = state.backend.resources.count
+        self.service: api_grpc.DevicePluginBase
+        if capacity is None:
+            self.service = DevicePluginService(state, allocator, metrics, node, numa_topology)
+        else:
+            self.service = CapacityService(state, capacity, node)
+        self.resource = capacity or state.backend.resources.count
+        self.preferred = capacity is None  # GetPreferredAllocation steers to the decision
         self.log = _log.bind(role="node", node=node, backend=state.name, resource=self.resource)
         self.registered = asyncio.Event()  # set while registered with the current kubelet
         self.serving = asyncio.Event()  # set once the gRPC server listens
@@ -241,7 +253,8 @@ class PluginServer:
                     endpoint=self.socket_path.name,
                     resource_name=self.resource,
                     options=api_pb2.DevicePluginOptions(
-                        pre_start_required=False, get_preferred_allocation_available=True
+                        pre_start_required=False,
+                        get_preferred_allocation_available=self.preferred,
                     ),
                 ),
                 timeout=self.register_timeout,
