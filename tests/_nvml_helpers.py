@@ -14,6 +14,7 @@ from typing import Any
 import pynvml
 
 from hami.backends._nvml import sysfs_bus_id
+from hami.backends.mig_tables import profiles_for
 
 FIXTURES = Path(__file__).parent / "fixtures"
 XID = pynvml.nvmlEventTypeXidCriticalError
@@ -35,6 +36,9 @@ class FakeGpu:
     # NVLinks by link number: (far end's PCI address, NVML remote device type), None for a
     # disabled link; links past the list do not exist (NVML: invalid argument)
     nvlinks: list[tuple[str, int] | None] = field(default_factory=list)
+    # MIG mode, current and pending: None on a GPU without MIG (NVML: not supported). The
+    # profiles are hami.backends.mig_tables' for the GPU's name.
+    mig_mode: int | None = None
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,7 @@ class FakeNvml:
 
     NVMLError = pynvml.NVMLError
     nvmlEventTypeXidCriticalError = XID
+    c_nvmlGpuInstancePlacement_t = pynvml.c_nvmlGpuInstancePlacement_t
 
     def __init__(self, gpus: list[FakeGpu], *, init_error: int | None = None) -> None:
         self.gpus = gpus
@@ -62,6 +67,8 @@ class FakeNvml:
         self.ancestors: dict[frozenset[int], int] = {}
         self.topology_error: int | None = None
         self.topology_calls = 0
+        self.mig_calls = 0  # MIG mode, profile and placement queries
+        self.placements_error: dict[int, int] = {}  # profile id -> NVML error code
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("NVMLError_"):  # every error class pynvml has
@@ -173,6 +180,55 @@ class FakeNvml:
         found = self._link(handle, link)
         assert found is not None, "NVML is not asked about a disabled link"
         return found[1]
+
+    def nvmlDeviceGetMigMode(self, handle: Handle) -> list[int]:
+        self._call()
+        self.mig_calls += 1
+        gpu = self._gpu(handle, "after_uuid")
+        if gpu.mig_mode is None or not profiles_for(gpu.name):
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return [gpu.mig_mode, gpu.mig_mode]
+
+    def _gi_profile(self, handle: Handle, profile_id: int) -> Any:
+        gpu = self._gpu(handle, "after_uuid")
+        for profile in profiles_for(gpu.name) if gpu.mig_mode is not None else ():
+            if profile.profile_id == profile_id:
+                return profile
+        raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(
+        self, handle: Handle, profile_id: int, version: int = 2
+    ) -> SimpleNamespace:
+        self._call()
+        self.mig_calls += 1
+        p = self._gi_profile(handle, profile_id)
+        return SimpleNamespace(
+            id=p.profile_id,
+            sliceCount=p.slice_count,
+            instanceCount=p.instance_count,
+            multiprocessorCount=p.multiprocessor_count,
+            memorySizeMB=p.memory_mb,
+            name=p.name,
+        )
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements(
+        self, handle: Handle, profile_id: int, placements: Any, count_ref: Any
+    ) -> int:
+        """pynvml's low-level form: ``placements`` NULL asks how many; else an array of
+        c_nvmlGpuInstancePlacement_t as long as ``count_ref`` (a byref c_uint) says."""
+        self._call()
+        self.mig_calls += 1
+        if profile_id in self.placements_error:
+            raise nvml_error(self.placements_error[profile_id])
+        found = self._gi_profile(handle, profile_id).placements
+        count = count_ref._obj  # the c_uint behind byref()
+        if placements is not None:
+            if count.value < len(found) or len(placements) < len(found):
+                raise nvml_error(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+            for i, placement in enumerate(found):
+                placements[i].start, placements[i].size = placement.start, placement.size
+        count.value = len(found)
+        return int(pynvml.NVML_SUCCESS)
 
     def push_xid(self, xid: int, index: int | None, event_type: int = XID) -> None:
         device = Handle(index) if index is not None else None  # None: a null handle

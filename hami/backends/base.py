@@ -9,6 +9,7 @@ with plain data, so most of it is testable without a cluster.
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,12 +24,22 @@ from hami.protocol import (
     keys,
     register,
 )
+from hami.protocol.mig import MIG_MODE, MigProfile
 from hami.protocol.objects import annotations_of
 from hami.protocol.resources import ResourceNames as ResourceNames  # re-exported: its old home
 
 
 class BackendError(Exception):
     """A backend cannot enumerate or serve its devices; the message says what to fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class MigCapability:
+    """A GPU in MIG mode: the allowed GPU instance profiles NVML offers on it, and the most
+    instances any of them allows (what the register's count says, as Go HAMi's plugin)."""
+
+    profiles: tuple[MigProfile, ...]
+    instances: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +52,7 @@ class Device:
     memory_mib: int
     numa: int = 0
     healthy: bool = True
+    mig: MigCapability | None = None  # registered as a MIG GPU (protocol.md §10)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,9 +199,12 @@ class Backend(abc.ABC):
         return 100
 
     def to_node_devices(self, devices: Sequence[Device]) -> list[NodeDevice]:
-        """Apply split count and scaling: what the node registers for the scheduler."""
-        return [
-            NodeDevice(
+        """Apply split count and scaling: what the node registers for the scheduler. A MIG
+        GPU registers as Go HAMi's plugin registers it: mode ``mig``, its profiles, as many
+        slots as instances and all its cores (protocol.md §10)."""
+        out: list[NodeDevice] = []
+        for d in sorted(devices, key=lambda d: d.index):
+            node = NodeDevice(
                 uuid=d.uuid,
                 count=self.settings.split_count,
                 memory=int(d.memory_mib * self.settings.memory_scaling),
@@ -199,8 +214,16 @@ class Backend(abc.ABC):
                 healthy=d.healthy,
                 index=d.index,
             )
-            for d in sorted(devices, key=lambda d: d.index)
-        ]
+            if d.mig is not None:
+                node = dataclasses.replace(
+                    node,
+                    count=d.mig.instances,
+                    cores=100,
+                    mode=MIG_MODE,
+                    mig_profiles=d.mig.profiles,
+                )
+            out.append(node)
+        return out
 
     def register_value(self, node_devices: Sequence[NodeDevice]) -> str:
         """The register annotation's value in the configured ``register_format``."""

@@ -21,11 +21,20 @@ Options (``BackendSettings.options``):
     hamicore: {...}             # HAMi-core paths, see hami.backends.hamicore
     topology_score: true        # write hami.io/node-nvidia-score (link scores between
                                 # GPUs from NVML: NVLink, PCIe path) for topology-aware
+    mig_profile_allowlist:      # GPUs in MIG mode register their allowed profiles (Go's
+      - models: [A100-SXM4-40GB]  # migProfileAllowlist; needs register_format: json)
+        profiles: [1g.5gb, 2g.10gb, 3g.20gb, 7g.40gb]
 
 Topology: when the set of GPUs changes, the link score of every pair is read from NVML
 (the common PCIe ancestor, NVLinks direct or through NVSwitch) as Go HAMi's plugin scores
 it, and written with the register value as ``hami.io/node-nvidia-score`` in Go HAMi's
 JSON form, so either scheduler can place ``topology-aware`` pods by it.
+
+MIG (protocol.md §10): with ``mig_profile_allowlist`` set, a GPU whose MIG mode is on
+registers as Go HAMi 2.10's plugin registers it: mode ``mig``, the allowed GPU instance
+profiles NVML offers with their legal placements, as many slots as the largest profile
+allows instances. A GPU in MIG mode with no allowed profile is not registered (as in Go).
+Only reads: nothing here changes MIG mode or creates instances (not done yet: issue 23).
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ import structlog
 
 from hami.backends import _nvml
 from hami.backends._nvml_health import watch_events
+from hami.backends._nvml_mig import mig_enabled, read_mig_profiles
 from hami.backends.base import (
     AllocationRequest,
     Backend,
@@ -49,6 +59,7 @@ from hami.backends.base import (
     ContainerAllocation,
     Device,
     HealthCallback,
+    MigCapability,
 )
 from hami.backends.hamicore import HamiCorePaths, hamicore_allocation
 from hami.backends.nvidia_names import (
@@ -58,6 +69,8 @@ from hami.backends.nvidia_names import (
     NVIDIA_TO_ALLOCATE,
 )
 from hami.core.topology import encode_pair_scores, score_key
+from hami.protocol import register
+from hami.protocol.mig import AllowedMigProfiles, validate_mig_profile_allowlist
 
 log = structlog.get_logger(__name__)
 
@@ -68,6 +81,7 @@ _OPTIONS = {
     "event_timeout_ms",
     "hamicore",
     "topology_score",
+    "mig_profile_allowlist",
 }
 
 
@@ -104,6 +118,9 @@ class NvidiaBackend(Backend):
         self.topology_score = options.get("topology_score", True)
         if not isinstance(self.topology_score, bool):
             raise BackendError("nvidia: option 'topology_score' must be true or false")
+        self.mig_allowlist = _mig_allowlist(
+            options.get("mig_profile_allowlist", []), self.settings.register_format
+        )
         # hami.io/node-nvidia-score for the GPUs it was computed for (topology is fixed:
         # computed again only when the set of GPUs changes)
         self._scored: tuple[str, ...] | None = None
@@ -212,16 +229,42 @@ class NvidiaBackend(Backend):
             bus_id = _nvml.text(nvml.nvmlDeviceGetPciInfo(handle).busId)
         except nvml.NVMLError as exc:
             return self._unreadable(index, uuid, exc)
+        model = _nvml.model_name(name)
+        mig = None
+        if self.mig_allowlist and mig_enabled(nvml, handle):
+            mig = self._mig(nvml, handle, index, uuid, model)
+            if mig is None:
+                return None
         device = Device(
             uuid=uuid,
             index=index,
-            model=_nvml.model_name(name),
+            model=model,
             memory_mib=memory,
             numa=_nvml.numa_node(self.sysfs_root, bus_id),
             healthy=uuid not in self._unhealthy,
+            mig=mig,
         )
         self._by_index[index] = device
         return device
+
+    def _mig(
+        self, nvml: Any, handle: Any, index: int, uuid: str, model: str
+    ) -> MigCapability | None:
+        """The allowed profiles of a GPU in MIG mode; None (not registered) without any."""
+        profiles, instances, skipped = read_mig_profiles(nvml, handle, model, self.mig_allowlist)
+        for reason in skipped:
+            log.info("nvidia.mig_profile_skipped", index=index, uuid=uuid, reason=reason)
+        if not profiles:
+            log.warning(
+                "nvidia.mig_device_skipped",
+                index=index,
+                uuid=uuid,
+                model=model,
+                hint="the GPU is in MIG mode and mig_profile_allowlist allows none of its "
+                "profiles for this model: add an entry naming the model, or disable MIG",
+            )
+            return None
+        return MigCapability(profiles, instances)
 
     def _unreadable(self, index: int, uuid: str | None, exc: BaseException) -> Device | None:
         known = self._by_index.get(index)
@@ -233,7 +276,7 @@ class NvidiaBackend(Backend):
         log.warning("nvidia.device_unhealthy", index=index, uuid=uuid, error=str(exc))
         self._unhealthy.add(uuid)
         if known is not None and known.uuid == uuid:
-            return Device(uuid, index, known.model, known.memory_mib, known.numa, healthy=False)
+            return Device(uuid, index, known.model, known.memory_mib, known.numa, False, known.mig)
         return Device(uuid, index, "NVIDIA-unknown", 0, 0, healthy=False)
 
     # Allocation
@@ -286,6 +329,24 @@ class NvidiaBackend(Backend):
             stop.set()  # on cancellation the thread sees it within event_timeout_ms
             if done.is_set():
                 self._watchers.remove((stop, done))
+
+
+def _mig_allowlist(value: Any, register_format: str) -> tuple[AllowedMigProfiles, ...]:
+    if not isinstance(value, list | tuple):
+        raise BackendError(
+            "nvidia: option 'mig_profile_allowlist' must be a list of "
+            f"{{models: [...], profiles: [...]}}, got {value!r}"
+        )
+    try:
+        allowed = validate_mig_profile_allowlist(value)
+    except ValueError as exc:
+        raise BackendError(f"nvidia: option 'mig_profile_allowlist': {exc}") from None
+    if allowed and register_format != register.JSON:
+        raise BackendError(
+            "nvidia: MIG profiles travel only in the JSON register form: set "
+            "register_format: json beside mig_profile_allowlist"
+        )
+    return allowed
 
 
 def _xids(value: Any) -> frozenset[int]:
