@@ -9,9 +9,10 @@
 #   mig      tools/gohami-vectors/mig/cases.json through Go HAMi's dynamic-MIG functions
 #            (allow-list, profile choice, vgpu-mig-allocations, register with MIG profiles)
 #            -> tests/data/hami-go-v2.10-mig.json, checked by tests/test_mig_go_vectors.py
-#   vendors  tools/gohami-vectors/vendors/cases.json through Go HAMi's Cambricon and Hygon
-#            device functions (node reading, webhook and requests, pod annotations)
-#            -> tests/data/go-vendor-vectors.json, checked by tests/test_go_vendor_vectors.py
+#   vendors  tools/gohami-vectors/vendors/cases.json through Go HAMi's Cambricon, Hygon and
+#            Ascend device functions (node reading, webhook and requests, pod annotations,
+#            Ascend's Fit) -> tests/data/go-vendor-vectors.json, checked by
+#            tests/test_go_vendor_vectors.py and tests/test_go_ascend_vectors.py
 # Usage: scripts/gen-go-vectors.sh [codec|webhook|mig|vendors]...   (no argument: all)
 # Go HAMi's module is not served by the Go module proxy, so each program is built in a work
 # module outside this repository whose go.mod is Go HAMi's own (same dependency versions) plus

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from hami.core.requests import NodeReader, PodAnnotator
+from hami.core.requests import NO_ANNOTATIONS, NodeReader, PodAnnotator
 from hami.protocol import (
     ContainerDevice,
     NodeDevice,
@@ -176,11 +176,15 @@ class Backend(abc.ABC):
         return self.devices_from_node
 
     def pod_annotations(
-        self, containers: Sequence[Sequence[ContainerDevice]], index_of: Callable[[str], int]
+        self,
+        containers: Sequence[Sequence[ContainerDevice]],
+        index_of: Callable[[str], int],
+        annotations: Mapping[str, str] = NO_ANNOTATIONS,
     ) -> dict[str, str]:
         """Pod annotations written beside the devices values of a decision that gives this
         type ``containers`` (per container; ``index_of(uuid)`` is a device's index on its
-        node), as Go HAMi's ``PatchAnnotations`` adds them. Pure; the default adds none."""
+        node; ``annotations`` the pod's own), as Go HAMi's ``PatchAnnotations`` adds them.
+        Pure; the default adds none."""
         return {}
 
     @property

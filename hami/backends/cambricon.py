@@ -46,6 +46,7 @@ from hami.backends.base import (
     DeviceNode,
     ResourceNames,
 )
+from hami.core.requests import NO_ANNOTATIONS
 from hami.protocol import ContainerDevice, NodeDevice
 
 log = structlog.get_logger(__name__)
@@ -115,7 +116,10 @@ class CambriconBackend(Backend):
         return cambricon_go.devices_from_capacity(node, self.resources)
 
     def pod_annotations(
-        self, containers: Sequence[Sequence[ContainerDevice]], index_of: Callable[[str], int]
+        self,
+        containers: Sequence[Sequence[ContainerDevice]],
+        index_of: Callable[[str], int],
+        annotations: Mapping[str, str] = NO_ANNOTATIONS,
     ) -> dict[str, str]:
         return cambricon_go.dsmlu_annotations(containers, index_of)
 

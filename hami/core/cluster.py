@@ -337,7 +337,7 @@ class Cluster:
         errors: list[str] = []
         devices_changed = False
         for word, kind in self.kinds.items():
-            register = annotations.get(keys.node_register(word))
+            register = annotations.get(kind.register_annotation())
             read = None
             if register is None and kind.devices_from_node is not None:
                 read = _read_node(kind.devices_from_node, obj)
@@ -366,7 +366,7 @@ class Cluster:
                 devices_changed = True
                 if error:
                     # The key goes with the error so the log names node, key and reason.
-                    errors.append(f"{keys.node_register(word)}: {error}")
+                    errors.append(f"{kind.register_annotation()}: {error}")
             _note_reported(state, shakes, now)
         changes = self._decide_safely(node, now, write=False)[1]
         if devices_changed or changes:

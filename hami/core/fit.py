@@ -221,6 +221,11 @@ def fit_container(
         return None
     fitting.sort(key=lambda item: (item[0], item[1]))
     ranked = [(device, memory) for _key, _index, device, memory in fitting]
+    if request.module > 1:
+        modules = _whole_modules(ranked, request.count, request.module)
+        if modules is None and reasons is not None:
+            reasons[INSUFFICIENT_DEVICES] += len(fitting)
+        return modules
     if selectors.numa_bind:
         groups = _numa_groups(ranked, request.count)
         if not groups:
@@ -236,6 +241,22 @@ def fit_container(
 
 
 Pick = tuple[DeviceState, int]  # a device and the MiB it gives
+
+
+def _whole_modules(ranked: Sequence[Pick], count: int, module: int) -> list[Pick] | None:
+    """Whole modules only (Ascend 910C: the device at ``index`` is in module ``index //
+    module``): modules all of whose devices fit, taken in the order of their best-ranked
+    device, each in index order; None when they do not make ``count`` exactly."""
+    by_module: dict[int, list[Pick]] = {}
+    for pick in ranked:
+        by_module.setdefault(pick[0].index // module, []).append(pick)
+    chosen: list[Pick] = []
+    for picks in by_module.values():
+        if len(chosen) >= count:
+            break
+        if len(picks) == module:
+            chosen += sorted(picks, key=lambda pick: pick[0].index)
+    return chosen if len(chosen) == count else None
 
 
 def _numa_groups(ranked: Sequence[Pick], count: int) -> list[list[Pick]]:

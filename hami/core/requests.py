@@ -25,7 +25,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Protocol
 
 from hami.protocol import ContainerDevice, NodeDevice, keys
 from hami.protocol.objects import annotations_of, pod_containers, pod_key
@@ -50,11 +51,32 @@ NodeReader = Callable[[Mapping[str, Any]], "list[NodeDevice] | None"]
 HAMi's ``GetNodeDevices``); None when the node has none; raises ProtocolError when what it
 reads is malformed."""
 
-PodAnnotator = Callable[
-    [Sequence[Sequence[ContainerDevice]], Callable[[str], int]], Mapping[str, str]
-]
-"""A backend's ``pod_annotations``: a decision's devices per container and each device's
-index on its node -> further pod annotations Go HAMi writes with the decision."""
+NO_ANNOTATIONS: Mapping[str, str] = MappingProxyType({})
+
+
+class PodAnnotator(Protocol):
+    """A backend's ``pod_annotations``: a decision's devices per container, each device's
+    index on its node and the pod's annotations -> further pod annotations Go HAMi writes
+    with the decision."""
+
+    def __call__(
+        self,
+        containers: Sequence[Sequence[ContainerDevice]],
+        index_of: Callable[[str], int],
+        annotations: Mapping[str, str] = ...,
+    ) -> Mapping[str, str]: ...
+
+
+class RequestRule(Protocol):
+    """A backend's own request rules (``Backend.request_rule``), applied to a container's
+    request as the generic rules read it: Go HAMi's per-vendor webhook and request
+    derivation (Ascend: memory rounded up to a vNPU template, 910C by 2-NPU module). Returns
+    the request the scheduler places; raises RequestError with what to fix. The webhook writes
+    the result's count and memory back into the container (``webhook.written``)."""
+
+    def __call__(
+        self, request: DeviceRequest, annotations: Mapping[str, str], where: str
+    ) -> DeviceRequest: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +108,24 @@ class DeviceKind:
     # The words in the selector annotations' keys, (type, uuid): Go HAMi's Hygon reads
     # ``hygon.com/use-dcutype`` and ``hygon.com/use-gpuuuid``; empty: ``selector_word``.
     selector_words: tuple[str, ...] = ()
+    # The node's register key where Go HAMi's differs from the protocol's
+    # ``hami.io/node-{type}-register`` (Ascend: ``hami.io/node-register-{type}``); empty:
+    # the protocol's.
+    register_key: str = ""
+    # Selector annotation keys by name (``use-uuid``, ``nouse-uuid``, ...) where Go HAMi's
+    # differ from ``annotation``'s pattern (Ascend: ``hami.io/use-{type}-uuid``).
+    selector_keys: tuple[tuple[str, str], ...] = ()
+    # The backend's own request rules (``RequestRule``); None: the generic rules only. With
+    # one, the webhook writes the request it returns into the container, as Go HAMi's
+    # webhook rewrites an Ascend container's memory to its template.
+    request_rule: RequestRule | None = None
 
     def heartbeat_keys(self) -> tuple[str, ...]:
         return self.handshake_keys or keys.handshake_keys(self.type_word)
+
+    def register_annotation(self) -> str:
+        """The node annotation holding this kind's register value."""
+        return self.register_key or keys.node_register(self.type_word)
 
     def managed_resources(self) -> list[str]:
         """Every resource name hami handles for this kind (kube-scheduler ignores them)."""
@@ -111,6 +148,9 @@ class DeviceKind:
 
     def annotation(self, name: str) -> str:
         """Selector annotation key: ``use-type`` -> ``nvidia.com/use-gputype``."""
+        for known, key in self.selector_keys:
+            if known == name:
+                return key
         prefix = f"{self.domain}/" if self.domain else ""
         if name == "numa-bind":
             return f"{prefix}numa-bind"
@@ -135,6 +175,9 @@ class DeviceKind:
             devices_from_node=getattr(backend, "node_reader", None),
             pod_annotations=getattr(backend, "pod_annotator", None),
             selector_words=getattr(backend, "selector_words", ()),
+            register_key=str(getattr(backend, "register_key", "")),
+            selector_keys=tuple(getattr(backend, "selector_keys", ())),
+            request_rule=getattr(backend, "request_rule", None),
         )
 
 
@@ -148,6 +191,9 @@ class DeviceRequest:
     memory: int  # MiB per device; 0 when ``memory_percentage`` is set
     memory_percentage: int | None  # percent of each device's memory, or None
     cores: int  # percent of each device; 100 = exclusive
+    # Devices come in modules of this many (consecutive indices, index // module): a request
+    # takes whole modules only (Ascend 910C: 2 NPUs per module). 1: any devices.
+    module: int = 1
 
     def memory_on(self, device_memory: int) -> int:
         if self.memory_percentage is None:
@@ -296,9 +342,13 @@ def asks_for(container: Mapping[str, Any], kinds: Iterable[DeviceKind]) -> bool:
 
 
 def parse_device_request(
-    resources: Mapping[str, Any], kind: DeviceKind, where: str
+    resources: Mapping[str, Any],
+    kind: DeviceKind,
+    where: str,
+    annotations: Mapping[str, str] = NO_ANNOTATIONS,
 ) -> DeviceRequest | None:
-    """One container's request for ``kind``, or None when it asks for none of it."""
+    """One container's request for ``kind``, or None when it asks for none of it; the
+    kind's own ``request_rule`` (with the pod's ``annotations``) has the last word."""
     names = kind.resources
     present = {name: resources[name] for name in names.all() if name in resources}
     if not present:
@@ -338,7 +388,7 @@ def parse_device_request(
         cores = kind.default_cores
     elif not 0 <= cores <= 100:
         raise RequestError(f"{where}: {names.cores} must be between 0 and 100, got {cores}")
-    return DeviceRequest(
+    request = DeviceRequest(
         type_word=kind.type_word,
         vendor=kind.vendor_word,
         count=count,
@@ -346,6 +396,9 @@ def parse_device_request(
         memory_percentage=percentage,
         cores=cores,
     )
+    if kind.request_rule is not None:
+        return kind.request_rule(request, annotations, where)
+    return request
 
 
 def _check_priority(resources: Mapping[str, Any], kind: DeviceKind, where: str) -> None:
@@ -474,6 +527,7 @@ def parse_pod(pod: Mapping[str, Any], kinds: Sequence[DeviceKind]) -> PodRequest
     parsed: list[tuple[DeviceRequest, ...]] = []
     any_request = False
     name = pod_key(pod)
+    annotations = annotations_of(pod)
     for position, container in enumerate(containers):
         kind_word = "init container" if position < init_count else "container"
         where = f"pod {name} {kind_word} {container.get('name', position)!r}"
@@ -481,14 +535,13 @@ def parse_pod(pod: Mapping[str, Any], kinds: Sequence[DeviceKind]) -> PodRequest
         found: list[DeviceRequest] = []
         for kind in kinds:
             _check_priority(resources, kind, where)
-            request = parse_device_request(resources, kind, where)
+            request = parse_device_request(resources, kind, where, annotations)
             if request is not None:
                 found.append(request)
         any_request = any_request or bool(found)
         parsed.append(tuple(found))
     if not any_request:
         return None
-    annotations = annotations_of(pod)
     types = {r.type_word for c in parsed for r in c}
     selectors = {
         kind.type_word: parse_selectors(annotations, kind)

@@ -161,8 +161,8 @@ class Scheduler:
         errors, changes = self.cluster.upsert_node(obj, self.clock.now())
         state = self.cluster.nodes.get(name)
         current_errors = tuple(
-            f"{keys.node_register(word)}: {t.error}"
-            for word, t in (state.types.items() if state else ())
+            f"{t.kind.register_annotation()}: {t.error}"
+            for t in (state.types.values() if state else ())
             if t.error
         )
         if current_errors != self._node_errors.get(name, ()):
@@ -394,7 +394,9 @@ class Scheduler:
                 annotations[kind.allocated_key] = value
                 annotations[kind.to_allocate_key] = value
                 if kind.pod_annotations is not None:  # Go HAMi's extra keys (Cambricon)
-                    annotations.update(kind.pod_annotations(per_container, self._index_on(node)))
+                    annotations.update(
+                        kind.pod_annotations(per_container, self._index_on(node), existing)
+                    )
             else:
                 # A decision made before (a retried pod) may have used this type.
                 for stale in (kind.allocated_key, kind.to_allocate_key):

@@ -40,10 +40,12 @@ from typing import Any
 from hami import log
 from hami.backends.hamicore import TASK_PRIORITY_ENV
 from hami.core.requests import (
+    NO_ANNOTATIONS,
     DeviceKind,
     RequestError,
     asks_for,
     container_resources,
+    parse_device_request,
     parse_pod,
     parse_quantity,
 )
@@ -150,7 +152,7 @@ def mutations(
             base = f"/spec/initContainers/{position}"
         else:
             base = f"/spec/containers/{position - init_count}"
-        ops += container_defaults(container, base, kinds)
+        ops += container_defaults(container, base, kinds, annotations_of(pod))
     return ops
 
 
@@ -169,15 +171,19 @@ def _runtime_class(
 
 
 def container_defaults(
-    container: Mapping[str, Any], base: str, kinds: Sequence[DeviceKind]
+    container: Mapping[str, Any],
+    base: str,
+    kinds: Sequence[DeviceKind],
+    annotations: Mapping[str, str] = NO_ANNOTATIONS,
 ) -> list[dict[str, Any]]:
-    """What Go HAMi's webhook fills into one container (``base`` is its JSON pointer)."""
+    """What Go HAMi's webhook fills into one container (``base`` is its JSON pointer;
+    ``annotations`` are the pod's)."""
     resources = container.get("resources") or {}
     sections = {s: dict(resources.get(s) or {}) for s in ("limits", "requests")}
     ops: list[dict[str, Any]] = []
     env: list[dict[str, str]] = []
     for kind in kinds:
-        added = defaults(container_resources(container), kind)
+        added = defaults(container_resources(container), kind, annotations)
         for name, value in added.items():
             ops += _add_resource(base, sections, name, value)
         priority = task_priority(container, kind)
@@ -190,8 +196,14 @@ def container_defaults(
     return ops
 
 
-def defaults(resources: Mapping[str, Any], kind: DeviceKind) -> dict[str, str]:
-    """The resources of ``kind`` to add to a container asking for ``resources``:
+def defaults(
+    resources: Mapping[str, Any],
+    kind: DeviceKind,
+    annotations: Mapping[str, str] = NO_ANNOTATIONS,
+) -> dict[str, str]:
+    """The resources of ``kind`` to add to (or rewrite in) a container asking for
+    ``resources``; for a kind with its own request rules (Ascend) the count and memory of the
+    request they derive (``written``), else:
 
     - the count (``kind.default_count``) when only memory, percentage or cores are named:
       kubelet calls the device plugin only for a container that names its resource, and
@@ -199,6 +211,8 @@ def defaults(resources: Mapping[str, Any], kind: DeviceKind) -> dict[str, str]:
     - cores ``100`` (the whole device) when the count is named without cores and without
       memory, or with ``memory percentage: 100``: such a container asked for the whole device.
     """
+    if kind.request_rule is not None:
+        return written(resources, kind, annotations)
     names = kind.resources
     added: dict[str, str] = {}
     share = (names.memory, names.memory_percentage, names.cores)
@@ -218,6 +232,29 @@ def defaults(resources: Mapping[str, Any], kind: DeviceKind) -> dict[str, str]:
     if exclusive:
         added[names.cores] = "100"
     return added
+
+
+def written(
+    resources: Mapping[str, Any],
+    kind: DeviceKind,
+    annotations: Mapping[str, str] = NO_ANNOTATIONS,
+) -> dict[str, str]:
+    """The count and memory a kind's request rules derive, where they differ from what the
+    container names, as Go HAMi's webhook writes them for Ascend (memory rounded up to its
+    vNPU template, or the whole chip's; one 910C device made one 2-NPU module), so that the
+    node's plug-in and kubelet see what the scheduler places."""
+    request = parse_device_request(resources, kind, "container", annotations)
+    if request is None:
+        return {}
+    names = kind.resources
+    out: dict[str, str] = {}
+    if _quantity(resources.get(names.count)) != request.count:
+        out[names.count] = str(request.count)
+    if names.memory and request.memory_percentage is None:
+        memory = request.memory // names.memory_unit_mib
+        if names.memory not in resources or _quantity(resources[names.memory]) != memory:
+            out[names.memory] = str(memory)
+    return out
 
 
 def task_priority(container: Mapping[str, Any], kind: DeviceKind) -> str | None:

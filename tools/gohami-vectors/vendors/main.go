@@ -1,8 +1,10 @@
 // Command vendors hands the inputs of cases.json to Go HAMi's own device functions for the
 // vendors this project models besides NVIDIA (Cambricon MLU as Go HAMi 2.10 reads it from
-// kubelet capacity, Hygon DCU): how a Node's devices are read (GetNodeDevices), whether the
-// webhook takes a container and what it asks for (MutateAdmission, GenerateResourceRequests)
-// and the pod annotations a decision writes (PatchAnnotations). It writes what each returned,
+// kubelet capacity, Hygon DCU, every Huawei Ascend type of Go HAMi's chart): how a Node's
+// devices are read (GetNodeDevices), whether the webhook takes a container, what it writes
+// into it and what it asks for (MutateAdmission, GenerateResourceRequests), the pod
+// annotations a decision writes (PatchAnnotations) and, for Ascend, which devices of a node
+// a request gets (Fit: vNPU templates, 910C modules). It writes what each returned,
 // so that this project's readers and writers can be compared with Go HAMi case by case
 // (tests/test_go_vendor_vectors.py). It is built against an unpacked Go HAMi tree by
 // scripts/gen-go-vectors.sh; nothing of Go HAMi is copied into this repository.
@@ -22,14 +24,22 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/Project-HAMi/HAMi/pkg/device"
+	"github.com/Project-HAMi/HAMi/pkg/device/ascend"
 	"github.com/Project-HAMi/HAMi/pkg/device/cambricon"
 	"github.com/Project-HAMi/HAMi/pkg/device/hygon"
+	"github.com/Project-HAMi/HAMi/pkg/util"
 )
 
 const functions = "CambriconDevices.GetNodeDevices, CambriconDevices.MutateAdmission, " +
 	"CambriconDevices.GenerateResourceRequests, CambriconDevices.PatchAnnotations, " +
 	"DCUDevices.GetNodeDevices, DCUDevices.MutateAdmission, " +
-	"DCUDevices.GenerateResourceRequests, DCUDevices.PatchAnnotations"
+	"DCUDevices.GenerateResourceRequests, DCUDevices.PatchAnnotations, " +
+	"ascend.Devices.GetNodeDevices, ascend.Devices.MutateAdmission, " +
+	"ascend.Devices.GenerateResourceRequests, ascend.Devices.PatchAnnotations, ascend.Devices.Fit"
+
+// predicateTime stands for the value Ascend's PatchAnnotations writes under "predicate-time"
+// (the time of the call), so that the file does not change with every run.
+const predicateTime = "<unix seconds>"
 
 type obj = map[string]any
 
@@ -66,13 +76,43 @@ type caseFile struct {
 		Name      string          `json:"name"`
 		Vendor    string          `json:"vendor"`
 		Container json.RawMessage `json:"container"`
+		// The pod's annotations (Ascend's huawei.com/vnpu-mode); absent: none.
+		PodAnnotations map[string]string `json:"pod_annotations,omitempty"`
 	} `json:"containers"`
 	PodValues []struct {
-		Name       string        `json:"name"`
-		Vendor     string        `json:"vendor"`
-		Containers [][]podDevice `json:"containers"`
+		Name           string            `json:"name"`
+		Vendor         string            `json:"vendor"`
+		Containers     [][]podDevice     `json:"containers"`
+		PodAnnotations map[string]string `json:"pod_annotations,omitempty"`
 	} `json:"pod_values"`
+	// Which devices of a node one container gets (Ascend's Fit), after the webhook.
+	Fits []struct {
+		Name            string            `json:"name"`
+		Vendor          string            `json:"vendor"`
+		Devices         []fitDevice       `json:"devices"`
+		Container       json.RawMessage   `json:"container"`
+		PodAnnotations  map[string]string `json:"pod_annotations,omitempty"`
+		NodeAnnotations map[string]string `json:"node_annotations,omitempty"`
+	} `json:"fits"`
 }
+
+// fitDevice is one device of a node as the scheduler sees it, with what is used of it.
+type fitDevice struct {
+	ID        string `json:"id"`
+	Index     uint   `json:"index"`
+	Count     int32  `json:"count"`
+	Used      int32  `json:"used"`
+	Totalmem  int32  `json:"totalmem"`
+	Usedmem   int32  `json:"usedmem"`
+	Totalcore int32  `json:"totalcore"`
+	Usedcores int32  `json:"usedcores"`
+	Health    bool   `json:"health"`
+	NetworkID *int   `json:"network_id,omitempty"`
+}
+
+// fitRuns is how often each Fit case runs: Go picks among equally full 910C modules in map
+// order, so a case whose answer varies records every answer seen.
+const fitRuns = 64
 
 func main() {
 	cases := flag.String("cases", "", "inputs (cases.json)")
@@ -123,6 +163,16 @@ func run(casesPath, outPath, commit, command, goVersion string) error {
 		"cambricon": {cambricon.InitMLUDevice(cambriconConfig), cambricon.CambriconMLUDevice},
 		"hygon":     {hygon.InitDCUDevice(hygonConfig), hygon.HygonDCUDevice},
 	}
+	ascendFlags := flag.NewFlagSet("ascend", flag.ContinueOnError)
+	ascend.ParseConfig(ascendFlags)
+	if err := ascendFlags.Set("enable-ascend", "true"); err != nil {
+		return err
+	}
+	ascendDevices := map[string]*ascend.Devices{}
+	for _, dev := range ascend.InitDevices(ascendConfig()) {
+		vendors[dev.CommonWord()] = vendor{dev, dev.CommonWord()}
+		ascendDevices[dev.CommonWord()] = dev
+	}
 	pick := func(name, what string) (vendor, error) {
 		v, ok := vendors[name]
 		if !ok {
@@ -148,6 +198,7 @@ func run(casesPath, outPath, commit, command, goVersion string) error {
 					"resourceMemoryName": hygonConfig.ResourceMemoryName,
 					"resourceCoreName":   hygonConfig.ResourceCoreName,
 					"memoryFactor":       hygonConfig.MemoryFactor},
+				"ascend": ascendConfig(),
 			},
 			"note": "every 'go' field is what HAMi's own function returned for the case's input",
 		},
@@ -161,6 +212,7 @@ func run(casesPath, outPath, commit, command, goVersion string) error {
 			"hygon_allocated":       device.SupportDevices[hygon.HygonDCUDevice],
 			"hygon_register":        hygon.RegisterAnnos,
 			"hygon_handshake":       hygon.HandshakeAnnos,
+			"ascend":                ascendKeys(ascendDevices),
 		},
 	}
 
@@ -196,20 +248,25 @@ func run(casesPath, outPath, commit, command, goVersion string) error {
 		if err := json.Unmarshal(c.Container, &ctr); err != nil {
 			return fmt.Errorf("%s: %w", c.Name, err)
 		}
-		pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{ctr}}}
+		pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{*ctr.DeepCopy()}}}
+		pod.Annotations = c.PodAnnotations
 		found, mutateErr := v.devices.MutateAdmission(&pod.Spec.Containers[0], pod)
 		request := v.devices.GenerateResourceRequests(&ctr)
+		mutated := pod.Spec.Containers[0]
 		got := obj{
-			"mutate": found,
-			"request": obj{
-				"nums": request.Nums, "type": request.Type, "memreq": request.Memreq,
-				"mempercentagereq": request.MemPercentagereq, "coresreq": request.Coresreq,
-			},
+			"mutate":        found,
+			"request":       requestOut(request),
+			"mutated":       resourcesOut(mutated),
+			"request_after": requestOut(v.devices.GenerateResourceRequests(&mutated)),
 		}
 		if mutateErr != nil {
 			got["mutate_error"] = mutateErr.Error()
 		}
-		section = append(section, obj{"name": c.Name, "vendor": c.Vendor, "container": c.Container, "go": got})
+		item := obj{"name": c.Name, "vendor": c.Vendor, "container": c.Container, "go": got}
+		if c.PodAnnotations != nil {
+			item["pod_annotations"] = c.PodAnnotations
+		}
+		section = append(section, item)
 	}
 	file["containers"], section = section, nil
 
@@ -229,13 +286,46 @@ func run(casesPath, outPath, commit, command, goVersion string) error {
 			single = append(single, ctr)
 		}
 		annotations := map[string]string{}
-		v.devices.PatchAnnotations(&corev1.Pod{}, &annotations, device.PodDevices{v.typeWord: single})
-		section = append(section, obj{
+		pod := &corev1.Pod{}
+		pod.Annotations = c.PodAnnotations
+		v.devices.PatchAnnotations(pod, &annotations, device.PodDevices{v.typeWord: single})
+		if _, ok := annotations["predicate-time"]; ok {
+			annotations["predicate-time"] = predicateTime
+		}
+		item := obj{
 			"name": c.Name, "vendor": c.Vendor, "containers": c.Containers,
 			"go": obj{"annotations": annotations},
-		})
+		}
+		if c.PodAnnotations != nil {
+			item["pod_annotations"] = c.PodAnnotations
+		}
+		section = append(section, item)
 	}
-	file["pod_values"] = section
+	file["pod_values"], section = section, nil
+
+	for _, c := range in.Fits {
+		dev, ok := ascendDevices[c.Vendor]
+		if !ok {
+			return fmt.Errorf("%s: Fit cases are for Ascend types only, not %q", c.Name, c.Vendor)
+		}
+		var ctr corev1.Container
+		if err := json.Unmarshal(c.Container, &ctr); err != nil {
+			return fmt.Errorf("%s: %w", c.Name, err)
+		}
+		got, err := fitOut(dev, c.Devices, ctr, c.PodAnnotations, c.NodeAnnotations)
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.Name, err)
+		}
+		item := obj{"name": c.Name, "vendor": c.Vendor, "devices": c.Devices, "container": c.Container, "go": got}
+		if c.PodAnnotations != nil {
+			item["pod_annotations"] = c.PodAnnotations
+		}
+		if c.NodeAnnotations != nil {
+			item["node_annotations"] = c.NodeAnnotations
+		}
+		section = append(section, item)
+	}
+	file["fits"] = section
 
 	data, err := json.MarshalIndent(file, "", " ")
 	if err != nil {
@@ -254,4 +344,135 @@ func devicesOut(list []*device.DeviceInfo) []obj {
 		})
 	}
 	return out
+}
+
+func requestOut(r device.ContainerDeviceRequest) obj {
+	return obj{
+		"nums": r.Nums, "type": r.Type, "memreq": r.Memreq,
+		"mempercentagereq": r.MemPercentagereq, "coresreq": r.Coresreq,
+	}
+}
+
+// resourcesOut is a container's limits and requests as quantity strings.
+func resourcesOut(ctr corev1.Container) obj {
+	out := obj{}
+	for section, list := range map[string]corev1.ResourceList{
+		"limits": ctr.Resources.Limits, "requests": ctr.Resources.Requests,
+	} {
+		if list == nil {
+			continue
+		}
+		values := map[string]string{}
+		for name, quantity := range list {
+			values[string(name)] = quantity.String()
+		}
+		out[section] = values
+	}
+	return out
+}
+
+// fitOut runs the webhook on the container, derives its request from what the webhook wrote
+// and hands it to Fit over the case's devices (in the order given) fitRuns times.
+func fitOut(dev *ascend.Devices, devices []fitDevice, ctr corev1.Container, podAnnos, nodeAnnos map[string]string) (obj, error) {
+	pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{ctr}}}
+	pod.Name, pod.Namespace, pod.Annotations = "p", "default", podAnnos
+	if _, err := dev.MutateAdmission(&pod.Spec.Containers[0], pod); err != nil {
+		return obj{"mutate_error": err.Error()}, nil
+	}
+	request := dev.GenerateResourceRequests(&pod.Spec.Containers[0])
+	node := &corev1.Node{}
+	node.Name, node.Annotations = "npu-node", nodeAnnos
+	answers := []obj{}
+	seen := map[string]bool{}
+	for range fitRuns {
+		usage := make([]*device.DeviceUsage, 0, len(devices))
+		infos := make([]device.DeviceInfo, 0, len(devices))
+		for _, d := range devices {
+			var custom map[string]any
+			if d.NetworkID != nil {
+				custom = map[string]any{"NetworkID": float64(*d.NetworkID)}
+			}
+			usage = append(usage, &device.DeviceUsage{
+				ID: d.ID, Index: d.Index, Used: d.Used, Count: d.Count, Usedmem: d.Usedmem,
+				Totalmem: d.Totalmem, Totalcore: d.Totalcore, Usedcores: d.Usedcores,
+				Type: dev.CommonWord(), Health: d.Health, CustomInfo: custom,
+			})
+			infos = append(infos, device.DeviceInfo{
+				ID: d.ID, Index: d.Index, Count: d.Count, Devmem: d.Totalmem,
+				Devcore: d.Totalcore, Type: dev.CommonWord(), Health: d.Health, CustomInfo: custom,
+			})
+		}
+		info := &device.NodeInfo{ID: node.Name, Node: node, Devices: map[string][]device.DeviceInfo{dev.CommonWord(): infos}}
+		ok, chosen, reason := dev.Fit(usage, request, pod, info, &device.PodDevices{})
+		picked := []obj{}
+		if ok {
+			for _, c := range chosen[dev.CommonWord()] {
+				picked = append(picked, obj{"uuid": c.UUID, "idx": c.Idx, "usedmem": c.Usedmem, "usedcores": c.Usedcores})
+			}
+		}
+		answer := obj{"fits": ok, "devices": picked, "reason": reason}
+		key, err := json.Marshal(answer)
+		if err != nil {
+			return nil, err
+		}
+		if !seen[string(key)] {
+			seen[string(key)] = true
+			answers = append(answers, answer)
+		}
+	}
+	return obj{"request": requestOut(request), "answers": answers}, nil
+}
+
+func ascendKeys(devices map[string]*ascend.Devices) obj {
+	out := obj{}
+	for word := range devices {
+		out[word] = obj{
+			"to_allocate": device.InRequestDevices[word],
+			"allocated":   device.SupportDevices[word],
+			"handshake":   util.HandshakeAnnos[word],
+		}
+	}
+	return out
+}
+
+// ascendConfig is the vnpus section of Go HAMi's Helm chart (the device ConfigMap of
+// charts/hami at this commit), with its defaults: no runtime class, overwriteEnv false,
+// hamiVnpuCore false.
+func ascendConfig() ascend.VNPUs {
+	type tmpl = ascend.Template
+	chip := func(word, chipName string, memory, capacity int64, aiCore, aiCPU int32, superPod bool, templates ...tmpl) ascend.VNPUConfig {
+		return ascend.VNPUConfig{
+			CommonWord: word, ChipName: chipName,
+			ResourceName:       "huawei.com/" + word,
+			ResourceMemoryName: "huawei.com/" + word + "-memory",
+			ResourceCoreName:   "huawei.com/" + word + "-core",
+			MemoryAllocatable:  memory, MemoryCapacity: capacity, MemoryFactor: 1,
+			AICore: aiCore, AICPU: aiCPU, SuperPod: superPod, Templates: templates,
+		}
+	}
+	return ascend.VNPUs{Configs: []ascend.VNPUConfig{
+		chip("Ascend910A", "910A", 32768, 32768, 30, 0, false,
+			tmpl{Name: "vir02", Memory: 2184, AICore: 2}, tmpl{Name: "vir04", Memory: 4369, AICore: 4},
+			tmpl{Name: "vir08", Memory: 8738, AICore: 8}, tmpl{Name: "vir16", Memory: 17476, AICore: 16}),
+		chip("Ascend910B2", "910B2", 65536, 65536, 24, 6, false,
+			tmpl{Name: "vir03_1c_8g", Memory: 8192, AICore: 3, AICPU: 1},
+			tmpl{Name: "vir06_1c_16g", Memory: 16384, AICore: 6, AICPU: 1},
+			tmpl{Name: "vir12_3c_32g", Memory: 32768, AICore: 12, AICPU: 3}),
+		chip("Ascend910B3", "910B3", 65536, 65536, 20, 7, false,
+			tmpl{Name: "vir05_1c_16g", Memory: 16384, AICore: 5, AICPU: 1},
+			tmpl{Name: "vir10_3c_32g", Memory: 32768, AICore: 10, AICPU: 3}),
+		chip("Ascend910B4-1", "910B4-1", 65536, 65536, 20, 7, false,
+			tmpl{Name: "vir05_1c_16g", Memory: 16384, AICore: 5, AICPU: 1},
+			tmpl{Name: "vir10_3c_32g", Memory: 32768, AICore: 10, AICPU: 3}),
+		chip("Ascend910B4", "910B4", 32768, 32768, 20, 7, false,
+			tmpl{Name: "vir05_1c_8g", Memory: 8192, AICore: 5, AICPU: 1},
+			tmpl{Name: "vir10_3c_16g", Memory: 16384, AICore: 10, AICPU: 3}),
+		chip("Ascend310P", "310P3", 21527, 24576, 8, 7, false,
+			tmpl{Name: "vir01", Memory: 3072, AICore: 1, AICPU: 1},
+			tmpl{Name: "vir02", Memory: 6144, AICore: 2, AICPU: 2},
+			tmpl{Name: "vir04", Memory: 12288, AICore: 4, AICPU: 4}),
+		chip("Ascend910C", "Ascend910", 65536, 65536, 20, 7, true,
+			tmpl{Name: "vir05_1c_16g", Memory: 16384, AICore: 5, AICPU: 1},
+			tmpl{Name: "vir10_3c_32g", Memory: 32768, AICore: 10, AICPU: 3}),
+	}}
 }
