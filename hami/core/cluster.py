@@ -30,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
-from hami.core import nofit, topology
+from hami.core import migfit, nofit, topology
 from hami.core.fit import BINPACK, NodeFit, NodeMiss, PairScores, TypeView, fit_pod
 from hami.core.quota import Quotas
 from hami.core.requests import (
@@ -79,6 +79,7 @@ MOVED_HINTS = 65536
 # PodRecord.whole of the records that hold nothing whole (nearly all): one shared empty
 # mapping instead of an empty dict per record (64 bytes x half a million pods).
 _NOTHING_WHOLE: Mapping[str, frozenset[str]] = MappingProxyType({})
+_NOTHING_MIG: migfit.PodMig = MappingProxyType({})
 
 
 @dataclass(slots=True, eq=False)
@@ -148,6 +149,7 @@ class NodeState:
     # how many records hold it, and the uuids they make full (``_whole_uuids``).
     whole: dict[tuple[str, frozenset[str]], int] = field(default_factory=dict)
     whole_uuids: set[str] = field(default_factory=set)
+    mig: dict[str, migfit.MigHold] = field(default_factory=dict)  # uuid -> MIG reservations
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +182,8 @@ class PodRecord:
     # readable one came before (empty, or not all registered on the node: every device of
     # the type there). Fails closed: an unreadable value never frees room.
     whole: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # gpu uuid -> the MIG placements held there (hami.io/vgpu-mig-allocations; migfit)
+    mig: migfit.PodMig = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,6 +402,7 @@ class Cluster:
             node.whole_uuids = _whole_uuids(node)  # which devices a claim names may change
         for device in state.devices:
             device.set_use(node.usage.get(device.uuid), whole=device.uuid in node.whole_uuids)
+        migfit.attach(node.mig, state.devices)
         state.summarise()
         return state.error
 
@@ -660,6 +665,11 @@ class Cluster:
                 types[uuid] = word
         if not usage and not whole:
             return None, errors
+        mig, mig_error = migfit.pod_mig(
+            annotations.get(keys.MIG_ALLOCATIONS), assignment, last.mig if last else None
+        )
+        if mig_error:
+            errors.append(f"{keys.MIG_ALLOCATIONS}: {mig_error}")
         stamp = annotations.get(keys.VGPU_TIME)
         record = PodRecord(
             sys.intern(pod_key(obj)),  # the same string as the key of Cluster.pods
@@ -671,6 +681,7 @@ class Cluster:
             types=types,
             assignment=assignment,
             whole=whole or _NOTHING_WHOLE,
+            mig=mig or _NOTHING_MIG,
         )
         return record, errors
 
@@ -801,7 +812,9 @@ class Cluster:
                 if device is not None:
                     device.set_use(node.usage.get(uuid), whole=uuid in held)
             node.whole_uuids = held
-        if not node.exists and not node.usage and not node.whole:
+        if record.mig:
+            migfit.apply_hold(node.mig, record.mig, record.usage, sign, node.devices)
+        if not node.exists and not node.usage and not node.whole and not node.mig:
             self._unindex(node)
             del self.nodes[record.node]
             return
@@ -839,6 +852,7 @@ class Cluster:
             pod_version=pod_version,
             types=types,
             assignment=fit.assignment,
+            mig=migfit.fit_mig(fit.mig),
         )
         self._set_record(key, record)
         return previous
@@ -1224,7 +1238,7 @@ def _keeps_reservation(
 
 def _same_hold(a: PodRecord, b: PodRecord) -> bool:
     """The two records hold the same devices (their bookkeeping may differ)."""
-    return a.node == b.node and a.usage == b.usage and a.whole == b.whole
+    return a.node == b.node and a.usage == b.usage and a.whole == b.whole and a.mig == b.mig
 
 
 # What an operator does about an unreadable decision value (pod_record).

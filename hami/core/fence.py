@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from hami.core import migfit
 from hami.core.cluster import Cluster, NodeState, PodRecord
-from hami.core.usage import Use
+from hami.core.usage import DeviceState, Use
 
 
 def bind_refusal(
@@ -88,7 +89,11 @@ def _over_capacity(
                 f"device {uuid} on node {node.name} would hold {total.memory} MiB "
                 f"of {device.total_memory} MiB"
             )
-        if device.total_cores > 0 and total.cores > device.total_cores:
+        if migfit.is_mig(device):  # slices, not cores (profile cores add up past 100 %)
+            why = _mig_refusal(device, node, record, own, extra, others.slots)
+            if why is not None:
+                return why
+        elif device.total_cores > 0 and total.cores > device.total_cores:
             return (
                 f"device {uuid} on node {node.name} would hold {total.cores}% cores "
                 f"of {device.total_cores}%"
@@ -96,6 +101,31 @@ def _over_capacity(
         if others.slots > 0 and _exclusive_on(record, uuid):
             return f"device {uuid} on node {node.name} is no longer free for exclusive use"
     return None
+
+
+def _mig_refusal(
+    device: DeviceState,
+    node: NodeState,
+    record: PodRecord,
+    own: PodRecord | None,
+    shadows: list[PodRecord],
+    others_slots: int,
+) -> str | None:
+    uuid = device.uuid
+
+    def slots(pod: PodRecord) -> int:
+        use = pod.usage.get(uuid)
+        return use.slots if use is not None else 0
+
+    remove = [(own.mig, slots(own))] if own is not None and own.node == node.name else []
+    return migfit.fence_refusal(
+        device,
+        node.mig.get(uuid),
+        record.mig.get(uuid, ()),
+        remove,
+        [(s.mig, slots(s)) for s in shadows],
+        others_slots,
+    )
 
 
 def _exclusive_on(record: PodRecord, uuid: str) -> bool:

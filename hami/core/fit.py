@@ -5,9 +5,11 @@ reason (the codes are HAMi's, so operators see the same words):
 
 =================================  ==============================================
 ``CardUuidMismatch``               excluded by ``use-/nouse-…uuid``
-``CardTypeMismatch``               excluded by ``use-/nouse-…type``
+``CardTypeMismatch``               excluded by ``use-/nouse-…type`` or ``vgpu-mode``
 ``CardUnhealthy``                  the node reports the device unhealthy
 ``CardTimeSlicingExhausted``       every split slot is taken
+``CardMigTopologyInfeasible``      a MIG GPU has no profile with a free placement for
+                                   the request (the reason names them: hami.core.migfit)
 ``CardInsufficientMemory``         not enough free memory for the request
 ``ExclusiveDeviceAllocateConflict``  100 cores asked but the device is in use, or the
                                    device is held exclusively by another container
@@ -34,6 +36,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from hami.core import migfit
 from hami.core.requests import (
     DEFAULT_WEIGHTS,
     DevicePolicy,
@@ -45,6 +48,7 @@ from hami.core.requests import (
 )
 from hami.core.usage import DeviceState, Use, hold, with_init_peaks
 from hami.protocol import ContainerDevice, handshake
+from hami.protocol.mig import MigAllocation, MigPlacement
 
 CARD_UUID_MISMATCH = "CardUuidMismatch"
 CARD_TYPE_MISMATCH = "CardTypeMismatch"
@@ -87,6 +91,8 @@ class NodeFit:
     assignment: dict[str, list[list[ContainerDevice]]]  # type -> per container devices
     usage: dict[str, Use]  # uuid -> the pod's hold
     utilisation_delta: float  # sum over touched devices of the utilisation increase
+    # the MIG instances reserved (hami.io/vgpu-mig-allocations), by container and device
+    mig: tuple[MigAllocation, ...] = ()
 
 
 @dataclass(slots=True)
@@ -105,11 +111,16 @@ def device_reason(
     request: DeviceRequest,
     selectors: Selectors,
     extra: Use | None,
+    *,
+    taken: Sequence[MigPlacement] = (),
 ) -> str | None:
-    """Why ``device`` cannot take one slice of ``request`` (None: it can)."""
+    """Why ``device`` cannot take one slice of ``request`` (None: it can); ``taken``:
+    the MIG placements this pod already chose on it."""
     if not selectors.uuid_ok(device.uuid):
         return CARD_UUID_MISMATCH
-    if not selectors.type_ok(device.model):
+    if not selectors.type_ok(device.model) or not migfit.mode_allows(
+        selectors.vgpu_mode, device.mode
+    ):
         return CARD_TYPE_MISMATCH
     if not device.healthy:
         return CARD_UNHEALTHY
@@ -120,6 +131,10 @@ def device_reason(
         used_cores += extra.cores
     if used >= device.count:
         return CARD_SLOTS_EXHAUSTED
+    if device.mig_hold is not None or migfit.is_mig(device):  # MIG terms before memory
+        why = migfit.reason(device, request.memory_on(device.total_memory), taken)
+        if why is not None:
+            return why
     if request.memory_on(device.total_memory) > device.total_memory - used_memory:
         return CARD_INSUFFICIENT_MEMORY
     if request.cores >= 100 and used > 0:
@@ -187,6 +202,7 @@ def fit_container(
     *,
     weights: Weights = DEFAULT_WEIGHTS,
     pair_scores: PairScores | None = None,
+    mig_taken: Mapping[str, Sequence[MigPlacement]] | None = None,
 ) -> list[tuple[DeviceState, int]] | None:
     """Devices (with the MiB each gives) for one container's request, or None.
 
@@ -196,6 +212,7 @@ def fit_container(
     request, scored with ``weights``), ``binpack`` the most used, ``numa`` the lower NUMA
     node; remaining ties go to the lower device index. ``mutex`` leaves out every device
     in use; ``topology-aware`` picks by ``pair_scores`` (``_best_connected``).
+    ``mig_taken``: the MIG placements the pod's earlier containers chose, per device.
     """
     policy = (
         device_policy
@@ -205,7 +222,8 @@ def fit_container(
     fitting: list[tuple[tuple[float, ...], int, DeviceState, int]] = []
     for device in devices:
         extra = overlay.get(device.uuid) if overlay else None
-        why = device_reason(device, request, selectors, extra)
+        taken = mig_taken.get(device.uuid, ()) if mig_taken else ()
+        why = device_reason(device, request, selectors, extra, taken=taken)
         if why is None and policy.mutex and device.used + (extra.slots if extra else 0) > 0:
             why = EXCLUSIVE_CONFLICT  # mutex: only devices nobody uses
         if why is not None:
@@ -342,6 +360,9 @@ def fit_pod(
     overlay: dict[str, Use] = {}  # app containers so far
     init_peak: dict[str, Use] = {}
     devices_by_uuid: dict[str, DeviceState] = {}
+    # MIG instances of every container (init ones too: never sharing slices with the app)
+    mig_taken: dict[str, list[MigPlacement]] = {}
+    mig: list[MigAllocation] = []
     for position, container in enumerate(request.containers):
         is_init = position < request.init_count
         for device_request in container:
@@ -365,6 +386,7 @@ def fit_pod(
                 reasons,
                 weights=request.weights,
                 pair_scores=view.pair_scores,
+                mig_taken=mig_taken,
             )
             if chosen is None:
                 if reasons is None:
@@ -373,22 +395,23 @@ def fit_pod(
             entry = assignment[device_request.type_word][position]
             for device, memory in chosen:
                 devices_by_uuid[device.uuid] = device
-                entry.append(
-                    ContainerDevice(
-                        device.uuid, device_request.vendor, memory, device_request.cores
+                cores = device_request.cores
+                if migfit.is_mig(device):
+                    taken = mig_taken.setdefault(device.uuid, [])
+                    picked = migfit.choose(device, memory, taken)
+                    if picked is None:  # fit_container checked it; never taken
+                        return NodeMiss(f"{migfit.MIG_INFEASIBLE} (GPU {device.index})")
+                    profile, placement = picked
+                    memory, cores = profile.memory_mb, profile.core  # the instance's, as Go
+                    mig.append(
+                        MigAllocation(position, len(entry), device.uuid, profile.name, placement)
                     )
-                )
-                hold(
-                    overlay,
-                    init_peak,
-                    device.uuid,
-                    memory,
-                    device_request.cores,
-                    is_init=is_init,
-                )
+                    taken.append(placement)
+                entry.append(ContainerDevice(device.uuid, device_request.vendor, memory, cores))
+                hold(overlay, init_peak, device.uuid, memory, cores, is_init=is_init)
     usage = with_init_peaks(overlay, init_peak)
     delta = 0.0
     for uuid, use in usage.items():
         device = devices_by_uuid[uuid]
         delta += device.utilisation(use.slots, use.memory, use.cores) - device.utilisation()
-    return NodeFit(assignment, usage, delta)
+    return NodeFit(assignment, usage, delta, tuple(mig))

@@ -12,7 +12,8 @@ Pure. The rules (protocol.md section 3):
 
 Pod annotations steer the choice: ``{domain}/use-{word}type``, ``nouse-{word}type``
 (comma lists, case-insensitive substrings of the model), ``use-{word}uuid``,
-``nouse-{word}uuid`` (comma lists, exact uuids), ``{domain}/numa-bind``, the two
+``nouse-{word}uuid`` (comma lists, exact uuids), ``{domain}/numa-bind``,
+``{domain}/vgpu-mode`` (the device modes allowed, e.g. ``mig``: hami.core.migfit), the two
 policy overrides ``hami.io/node-scheduler-policy`` / ``hami.io/gpu-scheduler-policy`` (a
 comma list: binpack, spread, numa, mutex, topology-aware) and
 ``hami.io/device-scoring-weights``. A policy or weights value that is not understood
@@ -208,6 +209,8 @@ class Selectors:
     use_uuids: frozenset[str] = frozenset()
     nouse_uuids: frozenset[str] = frozenset()
     numa_bind: bool = False
+    # ``{domain}/vgpu-mode`` as written (None: absent): a device's mode must be in it
+    vgpu_mode: str | None = None
 
     def type_ok(self, model: str) -> bool:
         lowered = model.lower()
@@ -428,9 +431,10 @@ def parse_selectors(annotations: Mapping[str, str], kind: DeviceKind) -> Selecto
     use_uuids = frozenset(_comma_list(annotations.get(kind.annotation("use-uuid"))))
     nouse_uuids = frozenset(_comma_list(annotations.get(kind.annotation("nouse-uuid"))))
     numa = (annotations.get(kind.annotation("numa-bind")) or "").strip().lower() == "true"
-    if not (use_types or nouse_types or use_uuids or nouse_uuids or numa):
+    mode = annotations.get(f"{kind.domain}/vgpu-mode") if kind.domain else None
+    if not (use_types or nouse_types or use_uuids or nouse_uuids or numa) and mode is None:
         return NO_SELECTORS
-    return Selectors(use_types, nouse_types, use_uuids, nouse_uuids, numa)
+    return Selectors(use_types, nouse_types, use_uuids, nouse_uuids, numa, mode)
 
 
 def _node_policy(annotations: Mapping[str, str], warnings: list[str]) -> str | None:

@@ -11,8 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hami.core import migfit
 from hami.core.requests import container_resources, parse_quantity
 from hami.protocol import ContainerDevice, NodeDevice
+from hami.protocol.mig import MigProfile
 from hami.protocol.resources import ResourceNames
 
 
@@ -111,6 +113,11 @@ class DeviceState:
     used: int = 0
     used_memory: int = 0
     used_cores: int = 0
+    mode: str = ""  # the register's mode (``hami-core``, ``mig``); ``nvidia.com/vgpu-mode``
+    # A MIG GPU's profiles with legal placements, and every pod's reservations on this GPU
+    # (the node's hold, shared; None: none) (hami.core.migfit).
+    mig_profiles: tuple[MigProfile, ...] = ()
+    mig_hold: migfit.MigHold | None = None
 
     @classmethod
     def from_node_device(cls, device: NodeDevice) -> DeviceState:
@@ -123,6 +130,8 @@ class DeviceState:
             count=device.count,
             total_memory=device.memory,
             total_cores=device.cores,
+            mode=device.mode,
+            mig_profiles=migfit.legal_profiles(device.mig_profiles) if device.mig_profiles else (),
         )
 
     def set_use(self, use: Use | None, *, whole: bool = False) -> None:

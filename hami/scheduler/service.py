@@ -31,6 +31,7 @@ from hami.kube.nodelock import LockRules
 from hami.kube.objects import annotations_of, metadata_of, pod_key
 from hami.kube.recorder import EventRecorder
 from hami.protocol import encode_pod_devices, keys
+from hami.protocol.mig import MigAllocation, encode_mig_allocations
 from hami.scheduler.bind import STANDBY, Binder, BindError
 from hami.scheduler.clock import Clock, utcnow
 from hami.scheduler.explain import Explainer, quota_view
@@ -49,7 +50,7 @@ __all__ = ["STANDBY", "BindError", "Clock", "Scheduler", "quota_view", "utcnow"]
 _log = log.get(__name__)
 
 Json = dict[str, Any]
-_CODE = re.compile(r"^\d+/\d+ (\S+)$")
+_CODE = re.compile(r"^\d+/\d+ (\S+)(?: \(.*\))?$")  # a MIG code says more in ( )
 
 
 def lower_keys(value: Any) -> Any:
@@ -347,7 +348,7 @@ class Scheduler:
         # one pod write (filter does no API I/O; kube-scheduler calls it one pod at a time).
         meta = metadata_of(pod)
         uid = str(meta.get("uid") or "")
-        annotations = self._decision_annotations(pod, decision.node, fit.assignment)
+        annotations = self._decision_annotations(pod, decision.node, fit.assignment, fit.mig)
         self.cluster.reserve(
             key,
             uid,
@@ -380,7 +381,11 @@ class Scheduler:
         return self.cluster.decide(request, names, namespace=namespace)
 
     def _decision_annotations(
-        self, pod: Mapping[str, Any], node: str, assignment: Mapping[str, Any]
+        self,
+        pod: Mapping[str, Any],
+        node: str,
+        assignment: Mapping[str, Any],
+        mig: Sequence[MigAllocation] = (),
     ) -> dict[str, str | None]:
         existing = annotations_of(pod)
         annotations: dict[str, str | None] = {
@@ -402,6 +407,10 @@ class Scheduler:
                 for stale in (kind.allocated_key, kind.to_allocate_key):
                     if stale in existing:
                         annotations[stale] = None
+        if mig:  # Go HAMi's MIG reservation (protocol.md section 10)
+            annotations[keys.MIG_ALLOCATIONS] = encode_mig_allocations(mig)
+        elif keys.MIG_ALLOCATIONS in existing:
+            annotations[keys.MIG_ALLOCATIONS] = None
         for stale in (keys.BIND_PHASE, keys.BIND_TIME):
             if stale in existing:
                 annotations[stale] = None
