@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sort"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -419,6 +420,21 @@ func fitOut(dev *ascend.Devices, devices []fitDevice, ctr corev1.Container, podA
 			seen[string(key)] = true
 			answers = append(answers, answer)
 		}
+	}
+	// The answers in a fixed order (by their JSON), so that the file does not depend on the
+	// order Go's map happened to give them in.
+	keys := make([]string, 0, len(seen))
+	for key := range seen {
+		keys = append(keys, key)
+	}
+	sort.Strings(keys)
+	answers = answers[:0]
+	for _, key := range keys {
+		var answer obj
+		if err := json.Unmarshal([]byte(key), &answer); err != nil {
+			return nil, err
+		}
+		answers = append(answers, answer)
 	}
 	return obj{"request": requestOut(request), "answers": answers}, nil
 }
