@@ -162,8 +162,12 @@ class SchedulerConfig:
     decision_timeout: Duration = Duration(90)  # an unbound decision stops counting after it
     # a filter decision (held in memory only) whose bind never comes is freed after it
     reservation_timeout: Duration = Duration(30)
-    node_policy: str = "binpack"  # binpack or spread
+    node_policy: str = "binpack"  # binpack, spread or defrag (hami.core.defragpolicy)
     device_policy: str = "spread"  # comma list: binpack, spread, numa, mutex, topology-aware
+    # Under node_policy defrag: pods that ask for no device are routed to this scheduler
+    # too (webhook) and placed where their CPU and memory strand the least GPU; needs the
+    # extender called for every pod (kube-scheduler.yaml: no managedResources).
+    defrag_cpu_pods: bool = False
     # Enforce ResourceQuota limits.<device memory/cores resource> (hami.core.quota), as Go
     # HAMi does; needs get/list/watch on resourcequotas.
     resource_quotas: bool = True
@@ -254,7 +258,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 _CHOICES: dict[str, tuple[str, ...]] = {
     "log.level": LOG_LEVELS,
     "log.format": ("auto", "json", "console"),
-    "scheduler.node_policy": ("binpack", "spread"),
+    "scheduler.node_policy": ("binpack", "spread", "defrag"),
 }
 WEBHOOK_TLS_MODES = ("self", "files", "cert-manager")
 BACKEND_MODES = ("extender", "dra")
@@ -341,6 +345,11 @@ def _check(config: Config) -> None:
                 f"config key {key}: expected one of {', '.join(choices)}, got {value!r}"
             )
     _check_device_policy(config.scheduler.device_policy)
+    if config.scheduler.defrag_cpu_pods and config.scheduler.node_policy != "defrag":
+        raise ConfigError(
+            "config key scheduler.defrag_cpu_pods: needs scheduler.node_policy: defrag "
+            f"(got {config.scheduler.node_policy!r}); set both, or drop defrag_cpu_pods"
+        )
     for key, duration in (
         ("node.register_period", config.node.register_period),
         ("node.monitor.scan_period", config.node.monitor.scan_period),

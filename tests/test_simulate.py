@@ -15,10 +15,18 @@ from hami.cli import main as hami_main
 from hami.core.cluster import Cluster
 from hami.core.noderesources import NodeResources, node_allocatable, pod_requests
 from hami.simulate import cli, engine, report, trace
-from hami.simulate.engine import CLASSIC_POLICIES, Policy, Simulator, simulate, unallocated
+from hami.simulate.engine import (
+    CLASSIC_POLICIES,
+    DEFRAG_POLICY,
+    Policy,
+    Simulator,
+    simulate,
+    unallocated,
+)
 from hami.simulate.trace import TraceNode, TracePod
 
 DATA = Path(__file__).parent / "data"
+EVERY_POLICY = (*CLASSIC_POLICIES, DEFRAG_POLICY)
 NODES = trace.read_nodes((DATA / "openb_sample_nodes.csv").read_text())
 PODS = trace.read_pods((DATA / "openb_sample_pods.csv").read_text())
 
@@ -54,7 +62,7 @@ def test_a_pod_that_does_not_fit_arrives_but_is_not_used() -> None:
     assert report.at_level(placed, 1000, 100) == 40.0  # after b: 600 of 1000 used
 
 
-@pytest.mark.parametrize("policy", CLASSIC_POLICIES, ids=lambda p: p.label)
+@pytest.mark.parametrize("policy", EVERY_POLICY, ids=lambda p: p.label)
 def test_online_first_k_rows_never_depend_on_later_rows(policy: Policy) -> None:
     full = simulate(NODES, PODS, policy=policy)
     for k in range(len(PODS)):
@@ -62,7 +70,7 @@ def test_online_first_k_rows_never_depend_on_later_rows(policy: Policy) -> None:
 
 
 @pytest.mark.parametrize("split", [100, 10, 2])
-@pytest.mark.parametrize("policy", CLASSIC_POLICIES, ids=lambda p: p.label)
+@pytest.mark.parametrize("policy", EVERY_POLICY, ids=lambda p: p.label)
 def test_never_past_node_cpu_memory_or_gpu_share(policy: Policy, split: int) -> None:
     workload = trace.arrivals(PODS, trace.gpu_capacity(NODES), seed=3, tune=3.0)
     placed = simulate(NODES, workload, policy=policy, split_count=split)

@@ -31,6 +31,7 @@ from types import MappingProxyType
 from typing import Any
 
 from hami.core import migfit, nofit, topology
+from hami.core.defragpolicy import DEFRAG, DefragPolicy
 from hami.core.fit import BINPACK, NodeFit, NodeMiss, PairScores, TypeView, fit_pod
 from hami.core.quota import Quotas
 from hami.core.requests import (
@@ -302,6 +303,7 @@ class Cluster:
         self._clock: datetime | None = None  # the latest time passed in
         self._asc: list[tuple[float, str]] = []  # (utilisation, name): spread order
         self._desc: list[tuple[float, str]] = []  # (-utilisation, name): binpack order
+        self._indexed: dict[str, NodeState] = {}  # the nodes in those lists
         # Bumped on every change a decision reads (nodes, views, records): no-fit answers
         # are reused while it stays the same (hami.core.nofit).
         self.generation = 0
@@ -317,6 +319,9 @@ class Cluster:
         # them; None until a reader installs a set, so nothing piles up unread.
         self.changed_nodes: set[str] | None = None
         self.changed_pods: set[str] | None = None
+        # The ``defrag`` node policy's workload window, cached node states and the
+        # nodes' free CPU and memory (``set_node_room``).
+        self.defrag = DefragPolicy()
 
     # ------------------------------------------------------------------ nodes
 
@@ -377,6 +382,20 @@ class Cluster:
             self._node_changed(node)
         return errors, changes
 
+    def set_node_room(self, name: str, free_cpu_milli: int, free_memory_mib: int) -> None:
+        """The node's CPU and memory not requested by its pods (what the ``defrag``
+        policy weighs besides devices; unknown nodes count as having room)."""
+        self.defrag.set_room(name, free_cpu_milli, free_memory_mib)
+
+    def decide_room_only(
+        self, pod_room: tuple[int, int], candidates: Collection[str] | None = None
+    ) -> str | None:
+        """Under the ``defrag`` policy, the node for a pod that asks for no device: where
+        its CPU and memory strand the least GPU. Only nodes with devices and a known
+        room (``set_node_room``) are weighed; None: none of them takes it."""
+        names, indexed = self._schedulable(_candidates(candidates))
+        return self.defrag.choose_room_only(names, indexed, pod_room)[0]
+
     def _load_register(
         self, node: NodeState, state: TypeState, read: _Read | None = None
     ) -> str | None:
@@ -414,6 +433,7 @@ class Cluster:
             self.changed_nodes.add(name)
         self._changed(name)
         self._unindex(node)
+        self.defrag.drop_node(name)
         if any(record.node == name for record in self.pods.values()):
             # Pods still name it: keep their usage, forget the devices.
             node.exists = False
@@ -543,6 +563,7 @@ class Cluster:
         self.generation += 1
         self.no_fit.changed(self.generation, node)
         self.summaries.changed(node)
+        self.defrag.forget(node)
 
     def _node_changed(self, node: NodeState) -> None:
         self._changed(node.name)
@@ -573,6 +594,7 @@ class Cluster:
             bisect.insort(self._asc, (key, node.name))
             bisect.insort(self._desc, (-key, node.name))
             node.order_key = key
+            self._indexed[node.name] = node
 
     def _unindex(self, node: NodeState) -> None:
         if node.order_key is None:
@@ -585,6 +607,7 @@ class Cluster:
             if position < len(items) and items[position] == entry:
                 del items[position]
         node.order_key = None
+        self._indexed.pop(node.name, None)
 
     # ------------------------------------------------------------------ pods
 
@@ -890,6 +913,7 @@ class Cluster:
         *,
         window: int = DEFAULT_WINDOW,
         namespace: str | None = None,
+        pod_room: tuple[int, int] = (0, 0),
     ) -> Decision:
         """Choose a node and devices for ``request`` among ``candidates`` (None: all).
 
@@ -904,6 +928,10 @@ class Cluster:
 
         The candidates are read only as far as the answer needs (``Candidates``): a
         placement costs the nodes visited, not the length of the list.
+
+        Under the ``defrag`` node policy (``hami.core.defragpolicy``) every candidate the
+        summaries allow is weighed instead, by the GPU capacity the placement would
+        strand; ``pod_room`` is the pod's CPU millicores and memory MiB requests.
         """
         cands = _candidates(candidates)
         if namespace is not None:
@@ -918,6 +946,20 @@ class Cluster:
         node_policy = request.node_policy or self.node_policy
         device_policy = request.device_policy or self.device_policy
         needs = _needs(request)
+        if node_policy == DEFRAG:
+            weighed, indexed = self._schedulable(cands)
+            choice, looked = self.defrag.choose(
+                weighed,
+                indexed,
+                request,
+                device_policy,
+                pod_room,
+                lambda fit: self._quota_miss(namespace, fit) is not None,
+            )
+            if choice is not None:
+                return Decision(choice.node, choice.fit, -choice.cost, evaluated=looked)
+            failed = self._no_fit(request, cands, needs, namespace, no_fit_key)
+            return Decision(None, failed=failed, evaluated=looked)
         binpack = node_policy == BINPACK
         found: list[tuple[float, str, NodeFit]] = []
         evaluated = 0
@@ -1055,6 +1097,14 @@ class Cluster:
             node = nodes[name]
             if _may_fit(node, needs) and (member is None or member(name)):
                 yield name, node
+
+    def _schedulable(
+        self, cands: Candidates | None
+    ) -> tuple[Collection[str], dict[str, NodeState]]:
+        """The candidates' names (None: every indexed node) and the nodes a policy that
+        weighs them all may use: only indexed ones (schedulable, some device free)."""
+        names = self._indexed.keys() if cands is None else cands.as_set()
+        return names, self._indexed
 
     def _walk_few(
         self,

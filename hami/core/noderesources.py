@@ -3,8 +3,8 @@
 Pure. kube-scheduler checks CPU and memory (its NodeResourcesFit filter) before it asks the
 extender, so the scheduler role never needed them; a placement that ignores them strands
 GPUs on nodes whose CPU or memory is used up. ``hami simulate`` keeps them here, read from
-the Node's ``status.allocatable`` and the pods' container requests, so the same numbers can
-feed the scheduler later (issue 21).
+the Node's ``status.allocatable`` and the pods' container requests; under the ``defrag``
+node policy the scheduler role keeps the same numbers from its watches (``RoomLedger``).
 """
 
 from __future__ import annotations
@@ -97,3 +97,70 @@ def _mib(value: Any) -> int:
         return parse_quantity(str(value)) // MIB
     except (ValueError, ArithmeticError):
         return 0
+
+
+FINISHED = ("Succeeded", "Failed")
+
+
+class RoomLedger:
+    """Free CPU and memory per node, kept from watch events: the Node's allocatable minus
+    the requests of the pods bound to it that have not finished (what kube-scheduler's
+    NodeResourcesFit counts, without its assumed pods: a pod counts once it is bound).
+
+    Each method returns the nodes whose free room changed.
+    """
+
+    def __init__(self) -> None:
+        self._allocatable: dict[str, tuple[int, int]] = {}
+        self._requested: dict[str, list[int]] = {}  # node -> [CPU, memory] of its pods
+        self._pods: dict[str, tuple[str, int, int]] = {}  # pod key -> (node, CPU, memory)
+
+    def set_node(self, name: str, node: Mapping[str, Any]) -> list[str]:
+        resources = node_allocatable(node)
+        allocatable = (resources.cpu_milli, resources.memory_mib)
+        if self._allocatable.get(name) == allocatable:
+            return []
+        self._allocatable[name] = allocatable
+        return [name]
+
+    def drop_node(self, name: str) -> None:
+        self._allocatable.pop(name, None)
+
+    def upsert_pod(self, key: str, pod: Mapping[str, Any]) -> list[str]:
+        spec = pod.get("spec")
+        status = pod.get("status")
+        node = spec.get("nodeName") if isinstance(spec, Mapping) else None
+        phase = status.get("phase") if isinstance(status, Mapping) else None
+        if not isinstance(node, str) or not node or phase in FINISHED:
+            return self.delete_pod(key)
+        cpu, memory = pod_requests(pod)
+        entry = (node, cpu, memory)
+        old = self._pods.get(key)
+        if old == entry:
+            return []
+        changed = self.delete_pod(key)
+        self._pods[key] = entry
+        totals = self._requested.setdefault(node, [0, 0])
+        totals[0] += cpu
+        totals[1] += memory
+        return [*changed, node] if node not in changed else changed
+
+    def delete_pod(self, key: str) -> list[str]:
+        old = self._pods.pop(key, None)
+        if old is None:
+            return []
+        node, cpu, memory = old
+        totals = self._requested[node]
+        totals[0] -= cpu
+        totals[1] -= memory
+        if totals == [0, 0]:
+            del self._requested[node]
+        return [node]
+
+    def free(self, name: str) -> tuple[int, int] | None:
+        """(CPU millicores, memory MiB) not requested; None: the Node is not known."""
+        allocatable = self._allocatable.get(name)
+        if allocatable is None:
+            return None
+        cpu, memory = self._requested.get(name, (0, 0))
+        return allocatable[0] - cpu, allocatable[1] - memory

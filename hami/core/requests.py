@@ -33,7 +33,8 @@ from hami.protocol import ContainerDevice, NodeDevice, keys
 from hami.protocol.objects import annotations_of, pod_containers, pod_key
 from hami.protocol.resources import ResourceNames
 
-POLICIES = ("binpack", "spread")
+# hami.io/node-scheduler-policy words; defrag is this project's (hami.core.defragpolicy)
+NODE_POLICIES = ("binpack", "spread", "defrag")
 # hami.io/gpu-scheduler-policy is a comma-separated ordered list (Go HAMi): sort keys in the
 # order written, plus two filters.
 SORT_KEYS = ("binpack", "spread", "numa")
@@ -442,9 +443,10 @@ def _node_policy(annotations: Mapping[str, str], warnings: list[str]) -> str | N
     value = (annotations.get(key) or "").strip().lower()
     if not value:
         return None
-    if value not in POLICIES:
+    if value not in NODE_POLICIES:
         warnings.append(
-            f"annotation {key}: unknown policy {value!r} (expected binpack or spread); "
+            f"annotation {key}: unknown policy {value!r} (expected binpack, spread or "
+            "defrag); "
             "the scheduler's default node policy is used"
         )
         return None

@@ -169,7 +169,15 @@ def _webhook(scheduler: Scheduler, scheduler_name: str, runtime_class: str = "")
         body, error = await _json_body(request, MAX_WEBHOOK_BODY)
         if error is not None:
             return _json({"error": error}, status=400)
-        return _json(review(body, scheduler.kinds, scheduler_name, runtime_class))
+        return _json(
+            review(
+                body,
+                scheduler.kinds,
+                scheduler_name,
+                runtime_class,
+                route_cpu_pods=scheduler.settings.defrag_cpu_pods,
+            )
+        )
 
     return webhook
 

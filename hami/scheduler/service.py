@@ -17,7 +17,7 @@ import asyncio
 import re
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -25,6 +25,8 @@ from hami import log
 from hami.config import SchedulerConfig
 from hami.core import nofit
 from hami.core.cluster import Candidates, Cluster, Decision
+from hami.core.defragpolicy import DEFRAG
+from hami.core.noderesources import RoomLedger, pod_requests
 from hami.core.requests import DeviceKind, PodRequest, RequestError, parse_pod
 from hami.kube.client import Kube
 from hami.kube.nodelock import LockRules
@@ -96,6 +98,8 @@ class Scheduler:
             device_policy=settings.device_policy,
             decision_timeout=timedelta(seconds=settings.decision_timeout.seconds),
         )
+        # Free CPU and memory per node, from the watches: only the defrag policy weighs them.
+        self.rooms = RoomLedger() if settings.node_policy == DEFRAG else None
         self.metrics = SchedulerMetrics(self.cluster)
         self.lock_rules = LockRules(
             timeout=timedelta(seconds=settings.node_lock_timeout.seconds),
@@ -151,6 +155,11 @@ class Scheduler:
 
     def on_node(self, kind: str, obj: Json) -> None:
         name = str(metadata_of(obj).get("name") or "")
+        if self.rooms is not None:
+            if kind == "DELETED":
+                self.rooms.drop_node(name)
+            else:
+                self._rooms_changed(self.rooms.set_node(name, obj))
         if kind == "DELETED":
             self.cluster.delete_node(name)
             self._node_errors.pop(name, None)
@@ -179,6 +188,10 @@ class Scheduler:
 
     def on_pod(self, kind: str, obj: Json) -> None:
         key = pod_key(obj)
+        if self.rooms is not None:
+            self._rooms_changed(
+                self.rooms.delete_pod(key) if kind == "DELETED" else self.rooms.upsert_pod(key, obj)
+            )
         if (
             key not in self.cluster.pods
             and key not in self.cluster.lapsed
@@ -204,6 +217,13 @@ class Scheduler:
                 self._pod_errors[key] = errors
             else:
                 self._pod_errors.pop(key, None)
+
+    def _rooms_changed(self, nodes: Iterable[str]) -> None:
+        assert self.rooms is not None
+        for name in nodes:
+            free = self.rooms.free(name)
+            if free is not None:
+                self.cluster.set_node_room(name, *free)
 
     def _names_devices(self, annotations: Mapping[str, str]) -> bool:
         """A decision of some kind is on the pod (a bound pod may lack ``vgpu-node``)."""
@@ -312,6 +332,11 @@ class Scheduler:
         if request is None:
             self.binder.passed_through(str(metadata_of(pod).get("uid") or ""))
             strings = names.strings()
+            if self.rooms is not None and self.settings.defrag_cpu_pods:
+                # routed here by the webhook (defrag_cpu_pods): where it strands least GPU
+                chosen = self.cluster.decide_room_only(pod_requests(pod), strings)
+                if chosen is not None:
+                    strings = [chosen]
             return _with_nodes(
                 args, {"NodeNames": strings, "FailedNodes": {}, "Error": ""}, strings
             ), "passthrough"
@@ -330,7 +355,7 @@ class Scheduler:
             return {"NodeNames": [], "FailedNodes": {}, "Error": message}, "error"
         if earlier is not None:
             self.cluster.release(key)
-        decision = self._decide(request, names, key)
+        decision = self._decide(request, names, key, pod_requests(pod))
         fit = decision.fit
         if decision.node is None or fit is None:
             self.cluster.rollback(key, earlier)
@@ -367,18 +392,20 @@ class Scheduler:
         answer = {"NodeNames": [decision.node], "FailedNodes": {}, "Error": ""}
         return _with_nodes(args, answer, [decision.node]), "scheduled"
 
-    def _decide(self, request: PodRequest, names: Candidates, key: str) -> Decision:
+    def _decide(
+        self, request: PodRequest, names: Candidates, key: str, room: tuple[int, int]
+    ) -> Decision:
         """The cluster's decision, trying nodes whose lock is held suspiciously long last:
         their holder may have lost its Allocate, and binds there would wait and fail."""
         namespace = key.partition("/")[0]
         busy = self.locks.busy(names, key)
         if busy:
             decision = self.cluster.decide(
-                request, [n for n in names if n not in busy], namespace=namespace
+                request, [n for n in names if n not in busy], namespace=namespace, pod_room=room
             )
             if decision.node is not None:
                 return decision
-        return self.cluster.decide(request, names, namespace=namespace)
+        return self.cluster.decide(request, names, namespace=namespace, pod_room=room)
 
     def _decision_annotations(
         self,

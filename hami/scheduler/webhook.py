@@ -39,6 +39,7 @@ from typing import Any
 
 from hami import log
 from hami.backends.hamicore import TASK_PRIORITY_ENV
+from hami.core.noderesources import pod_requests
 from hami.core.requests import (
     NO_ANNOTATIONS,
     DeviceKind,
@@ -130,14 +131,28 @@ def mutations(
     kinds: Sequence[DeviceKind],
     scheduler_name: str,
     runtime_class: str = "",
+    *,
+    route_cpu_pods: bool = False,
 ) -> list[dict[str, Any]]:
     """JSON patch operations for a pod (empty when there is nothing to change).
+
+    With ``route_cpu_pods`` (scheduler.defrag_cpu_pods) a pod that asks for no device but
+    requests CPU or memory is routed to hami's scheduler as well, which places it where it
+    strands the least GPU.
 
     Raises RequestError for an invalid request and PodDenied for a pod hami must not admit.
     """
     ops = _strip_ops(forged_keys(pod, kinds))
     containers, init_count = pod_containers(pod)
     if not any(asks_for(c, kinds) for c in containers):
+        current = (pod.get("spec") or {}).get("schedulerName")
+        if (
+            route_cpu_pods
+            and for_hami(pod, scheduler_name)
+            and current != scheduler_name
+            and any(pod_requests(pod))
+        ):
+            ops.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler_name})
         return ops
     if not for_hami(pod, scheduler_name):
         # Another scheduler's pod is not hami's to fill in or judge (Go HAMi leaves it as is).
@@ -297,7 +312,12 @@ def _add_resource(
 
 
 def review(
-    body: Any, kinds: Sequence[DeviceKind], scheduler_name: str, runtime_class: str = ""
+    body: Any,
+    kinds: Sequence[DeviceKind],
+    scheduler_name: str,
+    runtime_class: str = "",
+    *,
+    route_cpu_pods: bool = False,
 ) -> dict[str, Any]:
     """An AdmissionReview request -> the AdmissionReview response."""
     request = body.get("request") if isinstance(body, Mapping) else None
@@ -307,7 +327,7 @@ def review(
     pod = request.get("object")
     kind = (request.get("kind") or {}).get("kind", "Pod")
     if isinstance(pod, Mapping) and kind == "Pod":
-        _answer(response, pod, kinds, scheduler_name, runtime_class)
+        _answer(response, pod, kinds, scheduler_name, runtime_class, route_cpu_pods)
     return {
         "apiVersion": body.get("apiVersion", "admission.k8s.io/v1")
         if isinstance(body, Mapping)
@@ -323,9 +343,10 @@ def _answer(
     kinds: Sequence[DeviceKind],
     scheduler_name: str,
     runtime_class: str = "",
+    route_cpu_pods: bool = False,
 ) -> None:
     try:
-        ops = mutations(pod, kinds, scheduler_name, runtime_class)
+        ops = mutations(pod, kinds, scheduler_name, runtime_class, route_cpu_pods=route_cpu_pods)
     except RequestError as exc:
         _deny(response, 400, "BadRequest", str(exc))
         return

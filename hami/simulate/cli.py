@@ -39,8 +39,18 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--policy",
         action="append",
-        help="NODE/GPU policy, e.g. binpack/spread (repeatable; default: all four of "
-        "binpack|spread x binpack|spread)",
+        help="NODE/GPU policy, e.g. defrag/binpack or binpack/spread (repeatable; default: "
+        "defrag/binpack, the recommended policy, beside binpack/spread, the scheduler's "
+        "default)",
+    )
+    parser.add_argument(
+        "--cpu-pods",
+        choices=("hami", "kube"),
+        default="hami",
+        help="pods without GPUs under the defrag policy: hami = routed to HAMi's scheduler, "
+        "which places them where they strand the least GPU (scheduler.defrag_cpu_pods); "
+        "kube = kube-scheduler's default score places them (default hami; the binpack and "
+        "spread policies always leave them to kube-scheduler)",
     )
     parser.add_argument("--seeds", default="0", help="seeds: 0,1,2 or 0-9 (default 0)")
     parser.add_argument(
@@ -132,9 +142,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         nodes = trace.read_nodes(nodes_path.read_text())
         pods = trace.read_pods(pods_path.read_text())
-        policies = [engine.Policy.parse(p) for p in args.policy or ()] or list(
-            engine.CLASSIC_POLICIES
-        )
+        policies = [engine.Policy.parse(p) for p in args.policy or ()] or [
+            engine.DEFRAG_POLICY,
+            engine.DEFAULT_POLICY,
+        ]
         seeds = _ints(args.seeds) if args.order == "shuffle" else [0]
         splits = _ints(args.split_count)
         levels = [float(x) for x in args.levels.split(",") if x.strip()]
@@ -163,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
                         if args.order == "shuffle"
                         else pods
                     )
-                    sim = engine.Simulator(nodes, policy, split)
+                    sim = engine.Simulator(nodes, policy, split, cpu_pods=args.cpu_pods)
                     label = f"{policy.label} split {split} seed {seed}"
                     bar = _Progress(sys.stderr if show else None, len(workload), label)
                     placed: list[engine.Placement] = []

@@ -20,6 +20,7 @@ from typing import Any
 
 from hami.backends.nvidia_names import NVIDIA_ALLOCATED, NVIDIA_RESOURCES, NVIDIA_TO_ALLOCATE
 from hami.core.cluster import Cluster
+from hami.core.defragpolicy import DEFRAG
 from hami.core.fit import BINPACK, SPREAD
 from hami.core.noderesources import NodeResources, node_allocatable, pod_requests
 from hami.core.requests import DeviceKind, parse_pod
@@ -45,7 +46,7 @@ HAMI_SPLIT_COUNT = 10
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    node: str  # Cluster node_policy: binpack | spread
+    node: str  # Cluster node_policy: binpack | spread | defrag
     device: str  # Cluster device_policy (hami.io/gpu-scheduler-policy words)
 
     @property
@@ -61,6 +62,8 @@ class Policy:
 
 DEFAULT_POLICY = Policy(BINPACK, SPREAD)  # the scheduler's defaults (= Go HAMi's)
 CLASSIC_POLICIES = tuple(Policy(n, d) for n in (BINPACK, SPREAD) for d in (BINPACK, SPREAD))
+# the recommended policy (docs/simulate.md): what ``hami simulate`` runs by default
+DEFRAG_POLICY = Policy(DEFRAG, BINPACK)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +155,10 @@ class Simulator:
     used: int = 0
     decided: int = 0  # Cluster.decide calls
     rows: int = 0  # pods placed so far: a row number makes every pod's name its own
+    # pods without devices under the defrag policy: "hami" = routed to HAMi's scheduler,
+    # which places them where they strand the least GPU; "kube" = kube-scheduler's
+    # default score (LeastAllocated) places them, as it does under binpack and spread
+    cpu_pods: str = "hami"
 
     def __post_init__(self) -> None:
         self.cluster = Cluster(
@@ -172,6 +179,8 @@ class Simulator:
         # per pod (kube-scheduler's NodeResourcesFit) stays a comprehension over ints
         self._free_cpu = [self.resources[n].free_cpu_milli for n in self._names]
         self._free_mem = [self.resources[n].free_memory_mib for n in self._names]
+        for name, cpu, memory in zip(self._names, self._free_cpu, self._free_mem, strict=True):
+            self.cluster.set_node_room(name, cpu, memory)
 
     def place(self, pod: TracePod) -> Placement:
         self.rows += 1
@@ -190,11 +199,15 @@ class Simulator:
         devices: tuple[tuple[int, int], ...] = ()
         request = parse_pod(obj, [NVIDIA])
         if request is None:
-            node = self._cpu_only(fitting, cpu, memory)
+            if self.policy.node == DEFRAG and self.cpu_pods == "hami":
+                node = self.cluster.decide_room_only((cpu, memory), fitting)
+                node = node or self._cpu_only(fitting, cpu, memory)
+            else:
+                node = self._cpu_only(fitting, cpu, memory)
         elif fitting:
             self.decided += 1
             candidates = None if len(fitting) == len(self._names) else fitting
-            decision = self.cluster.decide(request, candidates)
+            decision = self.cluster.decide(request, candidates, pod_room=(cpu, memory))
             if decision.node is not None and decision.fit is not None:
                 node = decision.node
                 self.cluster.reserve(f"{NAMESPACE}/{name}", name, node, decision.fit)
@@ -211,6 +224,7 @@ class Simulator:
             at = self._position[node]
             self._free_cpu[at] -= cpu
             self._free_mem[at] -= memory
+            self.cluster.set_node_room(node, self._free_cpu[at], self._free_mem[at])
         return Placement(pod.name, node, devices, pod.demand, self.arrived, self.used)
 
     def _cpu_only(self, fitting: Iterable[str], cpu: int, memory: int) -> str | None:

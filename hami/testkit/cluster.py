@@ -323,6 +323,7 @@ class LocalCluster:
         webhook: bool = False,
         progress: Progress | None = None,
         mode: str = "extender",
+        defrag_cpu_pods: bool = False,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
@@ -338,7 +339,7 @@ class LocalCluster:
         self.workdir = Path(tempfile.mkdtemp(prefix=f"hc-{self.id}-", dir="/tmp"))
         self.port = free_port()
         self.webhook_port = free_port() if webhook else 0
-        self.cfg = self._config(node_policy, device_policy)
+        self.cfg = self._config(node_policy, device_policy, defrag_cpu_pods)
         self._kube: Kube | None = None
         self.role: SchedulerRole | None = None
         self.kube_scheduler: SchedulerProcess | None = None
@@ -358,7 +359,9 @@ class LocalCluster:
 
     # ------------------------------------------------------------------ config
 
-    def _config(self, node_policy: str, device_policy: str) -> config.Config:
+    def _config(
+        self, node_policy: str, device_policy: str, defrag_cpu_pods: bool = False
+    ) -> config.Config:
         t = self.timing
         scheduler: dict[str, Any] = {
             "scheduler_name": SCHEDULER_NAME,
@@ -369,6 +372,7 @@ class LocalCluster:
             "bind_lock_wait": f"{t.bind_lock_wait}s",
             "node_policy": node_policy,
             "device_policy": device_policy,
+            "defrag_cpu_pods": defrag_cpu_pods,
             "webhook": {"enabled": False},
         }
         if self.webhook:
@@ -406,23 +410,28 @@ class LocalCluster:
         resources = [
             name for kind in self.role.scheduler.kinds for name in kind.managed_resources()
         ]
+        extender: dict[str, Any] = {
+            "urlPrefix": f"http://127.0.0.1:{self.port}",
+            "filterVerb": "filter",
+            "bindVerb": "bind",
+            "nodeCacheCapable": True,
+            "httpTimeout": f"{int(self.timing.bind_lock_wait) + 10}s",
+            "weight": 1,
+            "managedResources": [{"name": name, "ignoredByScheduler": True} for name in resources],
+        }
+        profile: dict[str, Any] = {"schedulerName": SCHEDULER_NAME}
+        if self.cfg.scheduler.defrag_cpu_pods:
+            # the extender is asked about every pod of the profile (pods without devices
+            # too); NodeResourcesFit still ignores the device resources kubelet never has
+            del extender["managedResources"]
+            profile["pluginConfig"] = [
+                {"name": "NodeResourcesFit", "args": {"ignoredResources": resources}}
+            ]
         return {
             "podInitialBackoffSeconds": self.timing.pod_initial_backoff,
             "podMaxBackoffSeconds": self.timing.pod_max_backoff,
-            "profiles": [{"schedulerName": SCHEDULER_NAME}],
-            "extenders": [
-                {
-                    "urlPrefix": f"http://127.0.0.1:{self.port}",
-                    "filterVerb": "filter",
-                    "bindVerb": "bind",
-                    "nodeCacheCapable": True,
-                    "httpTimeout": f"{int(self.timing.bind_lock_wait) + 10}s",
-                    "weight": 1,
-                    "managedResources": [
-                        {"name": name, "ignoredByScheduler": True} for name in resources
-                    ],
-                }
-            ],
+            "profiles": [profile],
+            "extenders": [extender],
         }
 
     @property

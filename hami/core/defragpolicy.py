@@ -1,0 +1,390 @@
+"""The ``defrag`` node policy's decision (``hami.core.defrag`` has the measure).
+
+Pure. ``Cluster.decide`` hands over the nodes its summaries allow, in binpack order;
+each is reduced to its ``NodeKey`` (kept per node until the node changes), the pod's
+cheapest placement is worked out once per distinct key, and the cheapest node wins.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from hami.core import defrag
+from hami.core.fit import NodeFit, TypeView, device_reason, fit_pod
+from hami.core.requests import DeviceRequest, PodRequest, device_policy_of
+from hami.core.usage import DeviceState
+
+DEFRAG = "defrag"
+# Weights of the two terms besides the fragment (both in core percent, as it is): cores
+# the node's free CPU and memory cannot feed (``defrag.starved``), and cores taken from a
+# device model the recent pods' type selectors need more than others (``pressure``).
+# Chosen on the openb trace (docs/performance.md, Placement quality); 0 turns one off.
+STARVED_WEIGHT = 2.0
+PRESSURE_WEIGHT = 2.0
+MAX_ANSWERS = 500_000  # cached answers (each a few hundred bytes) before starting over
+
+
+class NodeLike(Protocol):
+    """What the policy reads of a node (``hami.core.cluster.NodeState``)."""
+
+    name: str
+    views: dict[str, TypeView]
+    devices: dict[str, DeviceState]
+    utilisation: float
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    node: str
+    fit: NodeFit
+    cost: float  # the fragment's increase
+
+
+# A per-decision answer for one node key: (cost, the device key to take) or None (no
+# fit); the device key is None where the node's own fit decides the devices.
+_Answer = tuple[float, defrag.DeviceKey | None] | None
+
+
+class DefragPolicy:
+    def __init__(self) -> None:
+        self.shapes = defrag.ShapeWindow()
+        self.fragment = defrag.FragmentCache(self.shapes)
+        # free (CPU millicores, memory MiB) per node, where known
+        self.room: dict[str, tuple[int, int]] = {}
+        self._keys: dict[str, tuple[int, defrag.NodeKey]] = {}
+        self.free_by_model: dict[str, int] = {}
+        self._free_of: dict[str, dict[str, int]] = {}
+        # (what is asked, node key, CPU and memory covered after the pod) -> answer, for
+        # one window generation
+        self._answers: dict[Hashable, _Answer] = {}
+        self._answers_generation = -1
+
+    def forget(self, node: str) -> None:
+        """``node`` changed: its key is worked out again when next needed."""
+        self._keys.pop(node, None)
+        self._count_free(node, None)
+
+    def _count_free(self, node: str, key: defrag.NodeKey | None) -> None:
+        """Keep the free cores per device model (of the nodes' latest keys)."""
+        old = self._free_of.pop(node, None)
+        if old is not None:
+            for model, cores in old.items():
+                self.free_by_model[model] -= cores
+        if key is not None:
+            mine: dict[str, int] = {}
+            for device in key[0]:
+                mine[device[0]] = mine.get(device[0], 0) + device[3]
+            for model, cores in mine.items():
+                self.free_by_model[model] = self.free_by_model.get(model, 0) + cores
+            self._free_of[node] = mine
+
+    def set_room(self, node: str, free_cpu: int, free_memory: int) -> None:
+        self.room[node] = (free_cpu, free_memory)
+        self._keys.pop(node, None)
+
+    def drop_node(self, node: str) -> None:
+        self.room.pop(node, None)
+        self._keys.pop(node, None)
+        self._count_free(node, None)
+
+    def node_key(self, node: NodeLike) -> defrag.NodeKey:
+        generation = self.shapes.generation
+        known = self._keys.get(node.name)
+        if known is not None and known[0] == generation:
+            return known[1]
+        room = self.room.get(node.name)
+        covered = (
+            self.shapes.covered(*room) if room is not None else self.shapes.covered(None, None)
+        )
+        key = defrag.node_key(
+            (
+                defrag.device_key(word, device)
+                for word, view in node.views.items()
+                if view.unavailable is None
+                for device in view.devices
+            ),
+            covered,
+        )
+        self._keys[node.name] = (generation, key)
+        self._count_free(node.name, key)
+        return key
+
+    def pressure(self) -> dict[str, float]:
+        """Per device model: the recent demand that may use it, each shape's share
+        spread over the free cores of the models it accepts, per free core, relative to
+        the whole (1.0: as loaded as the cluster on average)."""
+        free = {m: c for m, c in self.free_by_model.items() if c > 0}
+        total = sum(free.values())
+        if not total:
+            return {}
+        load = dict.fromkeys(free, 0.0)
+        for shape, weight in self.shapes.weights:
+            models = [m for m in free if shape.type_ok(m)]
+            supply = sum(free[m] for m in models)
+            for m in models:
+                load[m] += weight / supply
+        return {m: value * total for m, value in load.items()}
+
+    def choose(
+        self,
+        names: Collection[str],
+        nodes: Mapping[str, NodeLike],
+        request: PodRequest,
+        device_policy: str,
+        pod_room: tuple[int, int],
+        rejects: Callable[[NodeFit], bool],
+    ) -> tuple[Choice | None, int]:
+        """The cheapest placement on the named nodes (those not in ``nodes`` are skipped),
+        and how many nodes were looked at."""
+        shape = defrag.shape_of(request, *pod_room)
+        if shape is not None:
+            self.shapes.observe(shape)
+        if self._answers_generation != self.shapes.generation or len(self._answers) > MAX_ANSWERS:
+            self._answers.clear()
+            self._answers_generation = self.shapes.generation
+        share = _single_share(request)
+        best: tuple[float, float, str, defrag.DeviceKey | None] | None = None
+        looked = 0
+        for entry in self._costs(names, nodes, request, device_policy, share, pod_room):
+            looked += 1
+            if entry is not None and (best is None or entry < best):
+                best = entry
+        if best is None:
+            return None, looked
+        fit = _realise(nodes[best[2]], request, device_policy, share, best[3])
+        if fit is not None and not rejects(fit):
+            return Choice(best[2], fit, best[0]), looked
+        # the cheapest is turned down (a namespace quota): the others, cheapest first
+        ranked = sorted(
+            entry
+            for entry in self._costs(names, nodes, request, device_policy, share, pod_room)
+            if entry is not None and entry[2] != best[2]
+        )
+        for cost, _util, name, pick in ranked:
+            fit = _realise(nodes[name], request, device_policy, share, pick)
+            if fit is not None and not rejects(fit):
+                return Choice(name, fit, cost), looked
+        return None, looked
+
+    def choose_room_only(
+        self, names: Collection[str], nodes: Mapping[str, NodeLike], pod_room: tuple[int, int]
+    ) -> tuple[str | None, int]:
+        """For a pod that asks for no device: the node where its CPU and memory strand
+        the least GPU (ties: the node with the least free GPU, then the name)."""
+        cpu, memory = pod_room
+        cpu_steps, memory_steps = self.shapes.cpu_steps, self.shapes.memory_steps
+        best: tuple[float, float, str] | None = None
+        looked = 0
+        for name in names:
+            node = nodes.get(name)
+            room = self.room.get(name)
+            if node is None or room is None:
+                continue
+            looked += 1
+            if room[0] < cpu or room[1] < memory:
+                continue
+            key = self.node_key(node)
+            after = (
+                key[0],
+                bisect_right(cpu_steps, room[0] - cpu),
+                bisect_right(memory_steps, room[1] - memory),
+            )
+            free = sum(d[3] for d in key[0])
+            cost = self.fragment(after) - self.fragment(key)
+            cost += STARVED_WEIGHT * (
+                defrag.starved(free, room[0] - cpu, room[1] - memory, self.shapes)
+                - defrag.starved(free, room[0], room[1], self.shapes)
+            )
+            # ties: the node with the least free GPU (its CPU is missed the least)
+            entry = (cost, float(free), name)
+            if best is None or entry < best:
+                best = entry
+        return (None if best is None else best[2]), looked
+
+    def _costs(
+        self,
+        names: Iterable[str],
+        nodes: Mapping[str, NodeLike],
+        request: PodRequest,
+        device_policy: str,
+        share: DeviceRequest | None,
+        pod_room: tuple[int, int],
+    ) -> Iterator[tuple[float, float, str, defrag.DeviceKey | None] | None]:
+        """Per node looked at: (cost, -utilisation, name, device key to take), or None
+        when the pod does not fit there. Nodes in the same state after the pod share one
+        answer (``_answers``), unless devices are picked by uuid or link scores."""
+        asked = _asked(request, device_policy) if _cacheable(request, device_policy) else None
+        cpu, memory = pod_room
+        cpu_steps, memory_steps = self.shapes.cpu_steps, self.shapes.memory_steps
+        generation = self.shapes.generation
+        answers, keys, rooms = self._answers, self._keys, self.room
+        pressure = self.pressure() if PRESSURE_WEIGHT else {}
+        taken_cores = _cores_of(request)
+        for name in names:
+            node = nodes.get(name)
+            if node is None:
+                continue
+            room = rooms.get(name)
+            known = keys.get(name)
+            key = known[1] if known is not None and known[0] == generation else None
+            if key is None:
+                key = self.node_key(node)
+            if room is None:
+                memo = (asked, key, key[1], key[2])
+            elif room[0] < cpu or room[1] < memory:
+                yield None  # kube-scheduler's NodeResourcesFit would not offer it
+                continue
+            else:
+                memo = (
+                    asked,
+                    key,
+                    bisect_right(cpu_steps, room[0] - cpu),
+                    bisect_right(memory_steps, room[1] - memory),
+                )
+            if asked is not None and memo in answers:
+                answer = answers[memo]
+            else:
+                answer = self._answer(node, request, device_policy, share, key, memo[2:])
+                if asked is not None:
+                    answers[memo] = answer
+            if answer is None:
+                yield None
+                continue
+            cost = answer[0]
+            if pressure:
+                model = answer[1][0] if answer[1] is not None else (key[0][0][0] if key[0] else "")
+                cost += PRESSURE_WEIGHT * taken_cores * (pressure.get(model, 1.0) - 1.0)
+            if STARVED_WEIGHT and room is not None:
+                free = sum(d[3] for d in key[0])
+                cost += STARVED_WEIGHT * (
+                    defrag.starved(
+                        max(0, free - taken_cores), room[0] - cpu, room[1] - memory, self.shapes
+                    )
+                    - defrag.starved(free, room[0], room[1], self.shapes)
+                )
+            yield (cost, -node.utilisation, name, answer[1])
+
+    def _answer(
+        self,
+        node: NodeLike,
+        request: PodRequest,
+        device_policy: str,
+        share: DeviceRequest | None,
+        key: defrag.NodeKey,
+        after_room: tuple[int, int],
+    ) -> _Answer:
+        before = self.fragment(key)
+        if share is not None:
+            view = node.views.get(share.type_word)
+            if view is None or view.unavailable is not None:
+                return None
+            selectors = request.selectors_for(share.type_word)
+            best: tuple[float, defrag.DeviceKey] | None = None
+            seen: set[defrag.DeviceKey] = set()
+            for device in view.devices:
+                dkey = defrag.device_key(share.type_word, device)
+                if dkey is None or dkey in seen:
+                    continue
+                seen.add(dkey)
+                if device_reason(device, share, selectors, None) is not None:
+                    continue
+                after = defrag.taken(dkey, share.memory_on(device.total_memory), share.cores)
+                cost = self.fragment(_replace_all(key, after_room, [(dkey, after)])) - before
+                if best is None or cost < best[0]:
+                    best = (cost, dkey)
+            return best
+        result = fit_pod(node.views, request, device_policy)
+        if not isinstance(result, NodeFit):
+            return None
+        replaced: list[tuple[defrag.DeviceKey, defrag.DeviceKey]] = []
+        for uuid, use in result.usage.items():
+            held = node.devices.get(uuid)
+            if held is None:
+                continue
+            dkey = defrag.device_key(_word_of(node.views, held), held)
+            if dkey is None:
+                continue
+            replaced.append((dkey, defrag.taken(dkey, use.memory, use.cores)))
+        return self.fragment(_replace_all(key, after_room, replaced)) - before, None
+
+
+def _replace_all(
+    key: defrag.NodeKey,
+    room: tuple[int, int],
+    pairs: Iterable[tuple[defrag.DeviceKey, defrag.DeviceKey]],
+) -> defrag.NodeKey:
+    devices = list(key[0])
+    for old, new in pairs:
+        devices[devices.index(old)] = new
+    return (tuple(sorted(devices)), room[0], room[1])
+
+
+def _word_of(views: Mapping[str, TypeView], device: DeviceState) -> str:
+    for word, view in views.items():
+        if device in view.devices:
+            return word
+    return ""
+
+
+def _single_share(request: PodRequest) -> DeviceRequest | None:
+    """The request of a pod that asks for one share of one device in one container (the
+    common case, where the policy picks the device too); None otherwise."""
+    found = [item for container in request.containers for item in container]
+    if len(found) != 1 or len(request.containers) - request.init_count != 1:
+        return None
+    item = found[0]
+    if item.count != 1 or item.cores >= 100:
+        return None
+    selectors = request.selectors_for(item.type_word)
+    if selectors.numa_bind:
+        return None
+    return item
+
+
+def _asked(request: PodRequest, device_policy: str) -> Hashable:
+    """What an answer depends on besides the node's state."""
+    return (
+        request.containers,
+        request.init_count,
+        tuple(sorted(request.selectors.items())),
+        request.weights,
+        device_policy,
+    )
+
+
+def _cores_of(request: PodRequest) -> int:
+    return sum(i.count * min(i.cores, 100) for c in request.containers for i in c)
+
+
+def _cacheable(request: PodRequest, device_policy: str) -> bool:
+    """Whether nodes in the same state get the same answer: not when devices are picked
+    by uuid or by link scores."""
+    if device_policy_of(device_policy).topology:
+        return False
+    return not any(s.use_uuids or s.nouse_uuids for s in request.selectors.values())
+
+
+def _realise(
+    node: NodeLike,
+    request: PodRequest,
+    device_policy: str,
+    share: DeviceRequest | None,
+    pick: defrag.DeviceKey | None,
+) -> NodeFit | None:
+    if share is not None and pick is not None:
+        view = node.views[share.type_word]
+        selectors = request.selectors_for(share.type_word)
+        for device in view.devices:
+            if (
+                defrag.device_key(share.type_word, device) == pick
+                and device_reason(device, share, selectors, None) is None
+            ):
+                only = {share.type_word: TypeView([device], None, view.pair_scores)}
+                result = fit_pod(only, request, device_policy)
+                return result if isinstance(result, NodeFit) else None
+        return None
+    result = fit_pod(node.views, request, device_policy)
+    return result if isinstance(result, NodeFit) else None

@@ -1,0 +1,319 @@
+"""The ``defrag`` node policy (hami.core.defrag, hami.core.defragpolicy): the measure, its
+fast form, and decisions through ``Cluster.decide`` that the binpack and spread policies
+get wrong."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from _core_helpers import NOW, NVIDIA, gpu, node, pod, register
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hami import config
+from hami.core import defrag
+from hami.core.cluster import Cluster
+from hami.core.defragpolicy import DEFRAG
+from hami.core.noderesources import RoomLedger
+from hami.core.requests import parse_pod
+from hami.scheduler.webhook import mutations
+
+
+def shape(count: int = 1, cores: int = 50, cpu: int = 1000, memory: int = 1024) -> defrag.Shape:
+    return defrag.Shape("nvidia", count, cores, 0, cores, (), (), cpu, memory)
+
+
+def device(free: int, *, idle: bool | None = None, slots: int = 10) -> defrag.DeviceKey:
+    idle = free == 100 if idle is None else idle
+    return ("V100", "nvidia", slots, free, 32768 * free // 100, 32768, idle)
+
+
+# ------------------------------------------------------------------ the measure
+
+
+def test_stranded_counts_what_a_shape_cannot_use() -> None:
+    devices = [device(100), device(30), device(0)]
+    assert defrag.stranded(shape(cores=50), devices, cpu_ok=True) == 30  # the 30 % left
+    assert defrag.stranded(shape(cores=20), devices, cpu_ok=True) == 0
+    assert defrag.stranded(shape(cores=100), devices, cpu_ok=True) == 30  # wants idle
+    # two whole devices asked, one idle: everything is stranded for it
+    assert defrag.stranded(shape(count=2, cores=100), devices, cpu_ok=True) == 130
+    # the node's CPU or memory cannot take the pod: everything is stranded
+    assert defrag.stranded(shape(cores=20), devices, cpu_ok=False) == 130
+    # no free share slot: the device's free cores are stranded
+    assert defrag.stranded(shape(cores=20), [device(60, slots=0)], cpu_ok=True) == 60
+
+
+def test_window_weighs_by_demand_and_keeps_the_most_demanded() -> None:
+    window = defrag.ShapeWindow(window=100, max_shapes=2)
+    for _ in range(10):
+        window.observe(shape(cores=10))  # 10 pods x 10 % = 100
+    window.observe(shape(count=8, cores=100))  # 1 pod x 800 %
+    window.observe(shape(cores=5))  # 1 x 5: dropped (only two shapes weighed)
+    window._reweigh()
+    weights = dict(window.weights)
+    assert set(weights) == {shape(cores=10), shape(count=8, cores=100)}
+    assert weights[shape(count=8, cores=100)] == pytest.approx(800 / 900)
+
+
+def test_window_forgets_shapes_older_than_its_length() -> None:
+    window = defrag.ShapeWindow(window=4)
+    for _ in range(4):
+        window.observe(shape(cores=10))
+    for _ in range(4):
+        window.observe(shape(cores=70))
+    window._reweigh()
+    assert [s for s, _w in window.weights] == [shape(cores=70)]
+
+
+keys = st.tuples(
+    st.lists(
+        st.builds(
+            lambda free, idle, slots, model: (
+                model,
+                "nvidia",
+                slots,
+                free,
+                327 * free,
+                32700,
+                idle,
+            ),
+            st.sampled_from([0, 5, 20, 50, 80, 100]),
+            st.booleans(),
+            st.integers(0, 3),
+            st.sampled_from(["A10", "T4"]),
+        ),
+        max_size=8,
+    ).map(lambda d: tuple(sorted(d))),
+    st.integers(0, 4),
+    st.integers(0, 4),
+)
+shapes = st.builds(
+    lambda count, cores, cpu, mem, spec: defrag.Shape(
+        "nvidia", count, cores if count == 1 else 100, 0, cores, spec, (), cpu, mem
+    ),
+    st.sampled_from([1, 1, 2, 4, 8]),
+    st.sampled_from([5, 25, 50, 100]),
+    st.sampled_from([1000, 8000, 32000]),
+    st.sampled_from([1024, 65536]),
+    st.sampled_from([(), ("t4",)]),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(shapes, min_size=1, max_size=30), st.lists(keys, min_size=1, max_size=10))
+def test_the_bit_mask_form_equals_the_plain_definition(
+    seen: list[defrag.Shape], nodes: list[defrag.NodeKey]
+) -> None:
+    window = defrag.ShapeWindow()
+    for s in seen:
+        window.observe(s)
+    window._reweigh()
+    cache = defrag.FragmentCache(window)
+    for key in nodes:
+        assert cache(key) == pytest.approx(defrag.fragment(window, key))
+
+
+# ------------------------------------------------------------------ decisions
+
+
+def cluster_with(*nodes: tuple[str, int]) -> Cluster:
+    cluster = Cluster([NVIDIA], node_policy=DEFRAG, device_policy="binpack")
+    for name, gpus in nodes:
+        uuids = [f"{name}-g{i}" for i in range(gpus)]
+        cluster.upsert_node(node(name, register(uuids)), NOW)
+    return cluster
+
+
+def place(cluster: Cluster, obj: dict[str, Any], room: tuple[int, int] = (0, 0)) -> str | None:
+    request = parse_pod(obj, [NVIDIA])
+    assert request is not None
+    decision = cluster.decide(request, pod_room=room)
+    if decision.node is None or decision.fit is None:
+        return None
+    key = f"default/{obj['metadata']['name']}"
+    cluster.reserve(key, obj["metadata"]["uid"], decision.node, decision.fit)
+    return decision.node
+
+
+def share(name: str, cores: int) -> dict[str, Any]:
+    return pod(gpu(pct=cores, cores=cores), name=name, uid=name)
+
+
+def whole(name: str, count: int = 1) -> dict[str, Any]:
+    return pod(gpu(count=count, cores=100, pct=100), name=name, uid=name)
+
+
+def held(cluster: Cluster, name: str) -> dict[str, int]:
+    """uuid -> cores held on that node."""
+    return {uuid: use.cores for uuid, use in cluster.nodes[name].usage.items()}
+
+
+def test_a_share_goes_where_it_completes_a_device_not_to_an_idle_one() -> None:
+    cluster = cluster_with(("a", 2), ("b", 2))
+    # whole-device pods and 50 % shares both come
+    assert place(cluster, whole("w0")) is not None
+    assert place(cluster, whole("w1")) is not None
+    assert place(cluster, share("s0", 50)) is not None
+    assert place(cluster, share("s1", 50)) is not None
+    # the second share completed the first one's device: one device is still idle
+    cores = [c for name in ("a", "b") for c in held(cluster, name).values()]
+    assert sorted(cores) == [100, 100, 100]
+    assert place(cluster, whole("w2")) is not None
+
+
+def on(name: str, cores: int, uuid: str) -> dict[str, Any]:
+    """A share pinned to one device (setting the scene)."""
+    obj = share(name, cores)
+    obj["metadata"]["annotations"]["nvidia.com/use-gpuuuid"] = uuid
+    return obj
+
+
+@pytest.mark.parametrize("policy", ["binpack", DEFRAG])
+def test_binpack_breaks_an_idle_device_that_defrag_keeps(policy: str) -> None:
+    """a: device 0 20 % used, device 1 idle; b: device 0 80 % used, device 1 idle. A 50 %
+    share: binpack takes the fuller node b, where only the idle device fits it; defrag
+    puts it on a's device 0, and both nodes keep an idle device for whole-device pods."""
+    cluster = cluster_with(("a", 2), ("b", 2))
+    assert place(cluster, on("x", 20, "a-g0")) == "a"
+    assert place(cluster, on("y", 80, "b-g0")) == "b"
+    cluster.node_policy = policy
+    for _ in range(3):
+        cluster.defrag.shapes.observe(shape(cores=100, count=1))
+        cluster.defrag.shapes.observe(shape(cores=50))
+    node_name = place(cluster, share("s", 50))
+    idle = [
+        uuid
+        for name in ("a", "b")
+        for uuid in (f"{name}-g0", f"{name}-g1")
+        if uuid not in held(cluster, name)
+    ]
+    if policy == DEFRAG:
+        assert node_name == "a" and held(cluster, "a") == {"a-g0": 70}
+        assert idle == ["a-g1", "b-g1"]
+    else:
+        assert node_name == "b" and idle == ["a-g1"]
+
+
+def test_cpu_and_memory_of_the_node_count() -> None:
+    """Two identical nodes; b's CPU is nearly used up, so its idle device is already
+    useless to the pods that come: the share goes there, a stays whole."""
+    cluster = cluster_with(("a", 1), ("b", 1))
+    cluster.set_node_room("a", 32000, 131072)
+    cluster.set_node_room("b", 2000, 131072)
+    window = cluster.defrag.shapes
+    for _ in range(5):
+        window.observe(defrag.Shape("nvidia", 1, 100, 0, 100, (), (), 8000, 8192))
+    assert place(cluster, share("s", 50), room=(1000, 1024)) == "b"
+    # and a pod whose CPU request does not fit b's room goes to a
+    assert place(cluster, share("t", 30), room=(4000, 1024)) == "a"
+
+
+def test_ties_are_deterministic_by_name() -> None:
+    names = [place(cluster_with(("c", 1), ("a", 1), ("b", 1)), share("s", 20)) for _ in range(3)]
+    assert names == ["a", "a", "a"]
+
+
+def test_no_fit_answers_with_reasons() -> None:
+    cluster = cluster_with(("a", 1))
+    request = parse_pod(whole("w", 2), [NVIDIA])
+    assert request is not None
+    decision = cluster.decide(request)
+    assert decision.node is None
+    assert decision.failed.get("a")
+
+
+def test_a_namespace_quota_moves_the_pod_to_the_next_best_node() -> None:
+    cluster = cluster_with(("a", 1), ("b", 1))
+    place(cluster, share("s0", 50))
+    first = next(iter(n for n in ("a", "b") if held(cluster, n)))
+    rejects = {first}
+
+    request = parse_pod(share("s1", 50), [NVIDIA])
+    assert request is not None
+    names, indexed = cluster._schedulable(None)
+    choice, _looked = cluster.defrag.choose(
+        names, indexed, request, "binpack", (0, 0), lambda fit: _node_of(fit) in rejects
+    )
+    assert choice is not None and choice.node != first
+
+
+def _node_of(fit: Any) -> str:
+    uuid = next(iter(fit.usage))
+    return str(uuid).split("-g")[0]
+
+
+def test_pods_annotated_defrag_use_it_under_another_default() -> None:
+    cluster = Cluster([NVIDIA], node_policy="spread", device_policy="binpack")
+    for name in ("a", "b"):
+        cluster.upsert_node(node(name, register([f"{name}-g0", f"{name}-g1"])), NOW)
+    annotated = pod(
+        gpu(pct=50, cores=50),
+        name="p",
+        uid="p",
+        annotations={"hami.io/node-scheduler-policy": "defrag"},
+    )
+    request = parse_pod(annotated, [NVIDIA])
+    assert request is not None and request.node_policy == DEFRAG and not request.warnings
+    first = cluster.decide(request)
+    assert first.node is not None and first.fit is not None
+    cluster.reserve("default/p", "p", first.node, first.fit)
+    again = parse_pod({**annotated, "metadata": {**annotated["metadata"], "name": "q"}}, [NVIDIA])
+    assert again is not None
+    # spread would pick the other, empty node; defrag completes the half-used device
+    assert cluster.decide(again).node == first.node
+
+
+# ------------------------------------------------------------------ the scheduler's inputs
+
+
+def test_room_ledger_counts_bound_unfinished_pods_only() -> None:
+    ledger = RoomLedger()
+    node_obj = {
+        "metadata": {"name": "n"},
+        "status": {"allocatable": {"cpu": "8", "memory": "16Gi"}},
+    }
+    assert ledger.set_node("n", node_obj) == ["n"]
+    assert ledger.set_node("n", node_obj) == []  # unchanged
+    running = {
+        "metadata": {"name": "p", "namespace": "d"},
+        "spec": {
+            "nodeName": "n",
+            "containers": [
+                {"name": "c", "resources": {"requests": {"cpu": "1500m", "memory": "1Gi"}}}
+            ],
+        },
+        "status": {"phase": "Running"},
+    }
+    assert ledger.upsert_pod("d/p", running) == ["n"]
+    assert ledger.free("n") == (6500, 15360)
+    assert ledger.upsert_pod("d/p", running) == []
+    pending = {**running, "spec": {**running["spec"], "nodeName": None}}
+    assert ledger.upsert_pod("d/q", pending) == []  # not bound: kube-scheduler's business
+    done = {**running, "status": {"phase": "Succeeded"}}
+    assert ledger.upsert_pod("d/p", done) == ["n"]
+    assert ledger.free("n") == (8000, 16384)
+    assert ledger.upsert_pod("d/p", running) == ["n"]
+    assert ledger.delete_pod("d/p") == ["n"] and ledger.free("n") == (8000, 16384)
+    assert ledger.free("unknown") is None
+
+
+def test_webhook_routes_pods_without_devices_only_when_asked() -> None:
+    cpu_pod = pod({"name": "c", "resources": {"requests": {"cpu": "1"}}}, name="cpu", uid="cpu")
+    assert mutations(cpu_pod, [NVIDIA], "hami-scheduler") == []
+    routed = mutations(cpu_pod, [NVIDIA], "hami-scheduler", route_cpu_pods=True)
+    assert routed == [{"op": "add", "path": "/spec/schedulerName", "value": "hami-scheduler"}]
+    empty = pod({"name": "c"}, name="e", uid="e")  # asks for nothing: left to kube-scheduler
+    assert mutations(empty, [NVIDIA], "hami-scheduler", route_cpu_pods=True) == []
+    other = {**cpu_pod, "spec": {**cpu_pod["spec"], "schedulerName": "someone-else"}}
+    assert mutations(other, [NVIDIA], "hami-scheduler", route_cpu_pods=True) == []
+
+
+def test_defrag_cpu_pods_needs_the_defrag_policy() -> None:
+    with pytest.raises(config.ConfigError, match=r"defrag_cpu_pods: needs scheduler\.node_policy"):
+        config.from_mapping({"scheduler": {"defrag_cpu_pods": True}}, env={})
+    cfg = config.from_mapping(
+        {"scheduler": {"defrag_cpu_pods": True, "node_policy": "defrag"}}, env={}
+    )
+    assert cfg.scheduler.defrag_cpu_pods
