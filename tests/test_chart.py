@@ -377,6 +377,28 @@ def test_config_value_merges_over_the_rendered_config() -> None:
     assert hami_cfg.scheduler.scheduler_name == "hami-scheduler"  # the rest stays
 
 
+def test_defrag_with_cpu_pods_asks_the_extender_about_every_pod() -> None:
+    docs = render(
+        "--set", "scheduler.defaultSchedulerPolicy.nodeSchedulerPolicy=defrag",
+        "--set", "config.scheduler.defrag_cpu_pods=true",
+    )  # fmt: skip
+    hami_cfg, sched = configs(docs)
+    assert hami_cfg.scheduler.node_policy == "defrag" and hami_cfg.scheduler.defrag_cpu_pods
+    (extender,) = sched["extenders"]
+    assert "managedResources" not in extender  # called for pods without devices too
+    (profile,) = sched["profiles"]
+    (fit,) = profile["pluginConfig"]
+    assert fit["name"] == "NodeResourcesFit"
+    ignored = fit["args"]["ignoredResources"]
+    assert {"nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpucores"} <= set(ignored)
+    # without it: managedResources as before, no plugin config
+    _, plain = configs(
+        render("--set", "scheduler.defaultSchedulerPolicy.nodeSchedulerPolicy=defrag")
+    )
+    assert plain["extenders"][0]["managedResources"]
+    assert "pluginConfig" not in plain["profiles"][0]
+
+
 # --------------------------------------------------------------------------- Go HAMi's values
 
 GOHAMI_STYLE = ("vgpu", "gpu-system", ("-f", str(GOHAMI_VALUES)))

@@ -223,7 +223,7 @@ def test_cli_file_order_writes_placements_and_plot(
     assert rc == 0
     text = capsys.readouterr().out
     assert "node-spread/gpu-binpack" in text
-    assert "FGD (published)" not in text  # the paper's figures are for the default trace only
+    assert "FGD (published)" not in text  # published figures are for the openb lists only
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [line["pod"] for line in lines] == [p.name for p in PODS]
     assert all(set(line) == {"pod", "node", "devices"} for line in lines)

@@ -219,8 +219,9 @@ def run(args: argparse.Namespace) -> int:
             rows[policy.label] = [
                 report.mean_of([f["levels"][f"{k:g}"] for f in mine]) for k in levels
             ]
-        if pods_path.name == PODS_FILE:  # the paper's figures are for the default trace
-            for name, value in report.PUBLISHED.items():
+        # the published figures are for the openb lists themselves, split count not binding
+        if split >= 20:
+            for name, value in report.PUBLISHED_BY_LIST.get(pods_path.name, {}).items():
                 rows[name] = [value if k == 100 else None for k in levels]
         cap = "does not bind on openb" if split >= 20 else "HAMi's default" if split == 10 else ""
         print(

@@ -110,8 +110,12 @@ imagePullSecrets:
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- if $.namesOnly }}
+{{- toJson $names }}
+{{- else }}
 {{- range $names }}
 - {name: {{ . }}, ignoredByScheduler: true}
+{{- end }}
 {{- end }}
 {{- end -}}
 
