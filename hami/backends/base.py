@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from hami.core.requests import NO_ANNOTATIONS, NodeReader, PodAnnotator
+from hami.core.requests import NO_ANNOTATIONS, ContainerEnv, NodeReader, PodAnnotator
 from hami.protocol import (
     ContainerDevice,
     NodeDevice,
@@ -132,6 +132,9 @@ class Backend(abc.ABC):
     # The words in the selector annotations' keys, (type, uuid), where Go HAMi's differ from
     # the count resource's (DeviceKind.selector_words); empty: derived from it.
     selector_words: tuple[str, ...] = ()
+    # Whether the cores resource names the cores of all of a container's devices together
+    # (DeviceKind.cores_per_container: Iluvatar, Moore Threads) rather than of each one.
+    cores_per_container: bool = False
 
     def __init__(self, settings: BackendSettings | None = None) -> None:
         self.settings = settings or BackendSettings()
@@ -193,6 +196,20 @@ class Backend(abc.ABC):
         if type(self).pod_annotations is Backend.pod_annotations:
             return None
         return self.pod_annotations
+
+    def container_env(self, container: Mapping[str, Any]) -> dict[str, str]:
+        """Environment variables the webhook sets in a container that names this type's
+        count resource in its limits (the container as a dict), unless the container sets
+        them itself, as Go HAMi's webhook adds them (Iluvatar: ``SOL_CONTINER_NAME``). Pure;
+        the default adds none."""
+        return {}
+
+    @property
+    def env_writer(self) -> ContainerEnv | None:
+        """``container_env`` when this backend adds any, else None."""
+        if type(self).container_env is Backend.container_env:
+            return None
+        return self.container_env
 
     @abc.abstractmethod
     async def enumerate(self) -> list[Device]:

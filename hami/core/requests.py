@@ -69,6 +69,11 @@ class PodAnnotator(Protocol):
     ) -> Mapping[str, str]: ...
 
 
+ContainerEnv = Callable[[Mapping[str, Any]], Mapping[str, str]]
+"""A backend's ``container_env``: a container (a dict) -> environment variables Go HAMi's
+webhook sets in it when it asks for the backend's type (Iluvatar: ``SOL_CONTINER_NAME``)."""
+
+
 class RequestRule(Protocol):
     """A backend's own request rules (``Backend.request_rule``), applied to a container's
     request as the generic rules read it: Go HAMi's per-vendor webhook and request
@@ -121,6 +126,14 @@ class DeviceKind:
     # one, the webhook writes the request it returns into the container, as Go HAMi's
     # webhook rewrites an Ascend container's memory to its template.
     request_rule: RequestRule | None = None
+    # Whether the cores resource names the cores of all of a container's devices together,
+    # as Go HAMi's webhook writes it for Iluvatar (100 x the count) and Moore Threads: the
+    # generic rules then refuse only negative cores, ``request_rule`` judges the rest, and the
+    # webhook writes the request's cores x count back (``webhook.written``).
+    cores_per_container: bool = False
+    # Environment variables the webhook sets in a container asking for this kind
+    # (``ContainerEnv``); None: none.
+    container_env: ContainerEnv | None = None
 
     def heartbeat_keys(self) -> tuple[str, ...]:
         return self.handshake_keys or keys.handshake_keys(self.type_word)
@@ -180,6 +193,8 @@ class DeviceKind:
             register_key=str(getattr(backend, "register_key", "")),
             selector_keys=tuple(getattr(backend, "selector_keys", ())),
             request_rule=getattr(backend, "request_rule", None),
+            cores_per_container=bool(getattr(backend, "cores_per_container", False)),
+            container_env=getattr(backend, "env_writer", None),
         )
 
 
@@ -390,7 +405,9 @@ def parse_device_request(
         percentage = 100
     if cores is None:
         cores = kind.default_cores
-    elif not 0 <= cores <= 100:
+    elif kind.cores_per_container and cores < 0:
+        raise RequestError(f"{where}: {names.cores} must be >= 0, got {cores}")
+    elif not kind.cores_per_container and not 0 <= cores <= 100:
         raise RequestError(f"{where}: {names.cores} must be between 0 and 100, got {cores}")
     request = DeviceRequest(
         type_word=kind.type_word,

@@ -204,6 +204,7 @@ def container_defaults(
         priority = task_priority(container, kind)
         if priority is not None:
             env.append({"name": TASK_PRIORITY_ENV, "value": priority})
+        env += kind_env(container, kind)
     if env and container.get("env"):
         ops += [{"op": "add", "path": f"{base}/env/-", "value": item} for item in env]
     elif env:
@@ -269,7 +270,22 @@ def written(
         memory = request.memory // names.memory_unit_mib
         if names.memory not in resources or _quantity(resources[names.memory]) != memory:
             out[names.memory] = str(memory)
+    if kind.cores_per_container and names.cores:
+        cores = request.cores * request.count  # the resource holds all the devices' cores
+        if _quantity(resources.get(names.cores, 0)) != cores:
+            out[names.cores] = str(cores)
     return out
+
+
+def kind_env(container: Mapping[str, Any], kind: DeviceKind) -> list[dict[str, str]]:
+    """The environment a kind's backend has the webhook set (``DeviceKind.container_env``)
+    in a container naming its count in limits, less what the container sets itself."""
+    limits = (container.get("resources") or {}).get("limits") or {}
+    if kind.container_env is None or kind.resources.count not in limits:
+        return []
+    present = {item.get("name") for item in container.get("env") or [] if isinstance(item, dict)}
+    wanted = kind.container_env(container)
+    return [{"name": k, "value": v} for k, v in wanted.items() if k not in present]
 
 
 def task_priority(container: Mapping[str, Any], kind: DeviceKind) -> str | None:

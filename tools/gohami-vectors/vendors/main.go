@@ -1,10 +1,10 @@
 // Command vendors hands the inputs of cases.json to Go HAMi's own device functions for the
 // vendors this project models besides NVIDIA (Cambricon MLU as Go HAMi 2.10 reads it from
-// kubelet capacity, Hygon DCU, every Huawei Ascend type of Go HAMi's chart): how a Node's
-// devices are read (GetNodeDevices), whether the webhook takes a container, what it writes
-// into it and what it asks for (MutateAdmission, GenerateResourceRequests), the pod
-// annotations a decision writes (PatchAnnotations) and, for Ascend, which devices of a node
-// a request gets (Fit: vNPU templates, 910C modules). It writes what each returned,
+// kubelet capacity, Hygon DCU, every Huawei Ascend and Iluvatar type of Go HAMi's chart): how
+// a Node's devices are read (GetNodeDevices), whether the webhook takes a container, what it
+// writes into it and what it asks for (MutateAdmission, GenerateResourceRequests), the pod
+// annotations a decision writes (PatchAnnotations) and, for Ascend and Iluvatar, which
+// devices of a node a request gets (Fit: vNPU templates, 910C modules, whole devices). It writes what each returned,
 // so that this project's readers and writers can be compared with Go HAMi case by case
 // (tests/test_go_vendor_vectors.py). It is built against an unpacked Go HAMi tree by
 // scripts/gen-go-vectors.sh; nothing of Go HAMi is copied into this repository.
@@ -28,6 +28,7 @@ import (
 	"github.com/Project-HAMi/HAMi/pkg/device/ascend"
 	"github.com/Project-HAMi/HAMi/pkg/device/cambricon"
 	"github.com/Project-HAMi/HAMi/pkg/device/hygon"
+	"github.com/Project-HAMi/HAMi/pkg/device/iluvatar"
 	"github.com/Project-HAMi/HAMi/pkg/util"
 )
 
@@ -36,7 +37,9 @@ const functions = "CambriconDevices.GetNodeDevices, CambriconDevices.MutateAdmis
 	"DCUDevices.GetNodeDevices, DCUDevices.MutateAdmission, " +
 	"DCUDevices.GenerateResourceRequests, DCUDevices.PatchAnnotations, " +
 	"ascend.Devices.GetNodeDevices, ascend.Devices.MutateAdmission, " +
-	"ascend.Devices.GenerateResourceRequests, ascend.Devices.PatchAnnotations, ascend.Devices.Fit"
+	"ascend.Devices.GenerateResourceRequests, ascend.Devices.PatchAnnotations, ascend.Devices.Fit, " +
+	"IluvatarDevices.GetNodeDevices, IluvatarDevices.MutateAdmission, " +
+	"IluvatarDevices.GenerateResourceRequests, IluvatarDevices.PatchAnnotations, IluvatarDevices.Fit"
 
 // predicateTime stands for the value Ascend's PatchAnnotations writes under "predicate-time"
 // (the time of the call), so that the file does not change with every run.
@@ -50,6 +53,14 @@ type vendorDevices interface {
 	MutateAdmission(ctr *corev1.Container, p *corev1.Pod) (bool, error)
 	GenerateResourceRequests(ctr *corev1.Container) device.ContainerDeviceRequest
 	PatchAnnotations(pod *corev1.Pod, annoinput *map[string]string, pd device.PodDevices) map[string]string
+}
+
+// fitter is a vendor whose Fit the file records.
+type fitter interface {
+	vendorDevices
+	CommonWord() string
+	Fit(devices []*device.DeviceUsage, request device.ContainerDeviceRequest, pod *corev1.Pod,
+		nodeInfo *device.NodeInfo, allocated *device.PodDevices) (bool, map[string]device.ContainerDevices, string)
 }
 
 type vendor struct {
@@ -169,10 +180,23 @@ func run(casesPath, outPath, commit, command, goVersion string) error {
 	if err := ascendFlags.Set("enable-ascend", "true"); err != nil {
 		return err
 	}
+	fitters := map[string]fitter{}
 	ascendDevices := map[string]*ascend.Devices{}
 	for _, dev := range ascend.InitDevices(ascendConfig()) {
 		vendors[dev.CommonWord()] = vendor{dev, dev.CommonWord()}
 		ascendDevices[dev.CommonWord()] = dev
+		fitters[dev.CommonWord()] = dev
+	}
+	iluvatarFlags := flag.NewFlagSet("iluvatar", flag.ContinueOnError)
+	iluvatar.ParseConfig(iluvatarFlags)
+	if err := iluvatarFlags.Set("enable-iluvatar", "true"); err != nil {
+		return err
+	}
+	iluvatarWords := []string{}
+	for _, dev := range iluvatar.InitIluvatarDevice(iluvatarConfig()) {
+		vendors[dev.CommonWord()] = vendor{dev, dev.CommonWord()}
+		fitters[dev.CommonWord()] = dev
+		iluvatarWords = append(iluvatarWords, dev.CommonWord())
 	}
 	pick := func(name, what string) (vendor, error) {
 		v, ok := vendors[name]
@@ -199,7 +223,8 @@ func run(casesPath, outPath, commit, command, goVersion string) error {
 					"resourceMemoryName": hygonConfig.ResourceMemoryName,
 					"resourceCoreName":   hygonConfig.ResourceCoreName,
 					"memoryFactor":       hygonConfig.MemoryFactor},
-				"ascend": ascendConfig(),
+				"ascend":   ascendConfig(),
+				"iluvatar": iluvatarConfig(),
 			},
 			"note": "every 'go' field is what HAMi's own function returned for the case's input",
 		},
@@ -214,6 +239,7 @@ func run(casesPath, outPath, commit, command, goVersion string) error {
 			"hygon_register":        hygon.RegisterAnnos,
 			"hygon_handshake":       hygon.HandshakeAnnos,
 			"ascend":                ascendKeys(ascendDevices),
+			"iluvatar":              commonWordKeys(iluvatarWords),
 		},
 	}
 
@@ -263,6 +289,13 @@ func run(casesPath, outPath, commit, command, goVersion string) error {
 		if mutateErr != nil {
 			got["mutate_error"] = mutateErr.Error()
 		}
+		if len(mutated.Env) > 0 {
+			env := map[string]string{}
+			for _, e := range mutated.Env {
+				env[e.Name] = e.Value
+			}
+			got["mutated_env"] = env
+		}
 		item := obj{"name": c.Name, "vendor": c.Vendor, "container": c.Container, "go": got}
 		if c.PodAnnotations != nil {
 			item["pod_annotations"] = c.PodAnnotations
@@ -305,9 +338,9 @@ func run(casesPath, outPath, commit, command, goVersion string) error {
 	file["pod_values"], section = section, nil
 
 	for _, c := range in.Fits {
-		dev, ok := ascendDevices[c.Vendor]
+		dev, ok := fitters[c.Vendor]
 		if !ok {
-			return fmt.Errorf("%s: Fit cases are for Ascend types only, not %q", c.Name, c.Vendor)
+			return fmt.Errorf("%s: no Fit cases for %q", c.Name, c.Vendor)
 		}
 		var ctr corev1.Container
 		if err := json.Unmarshal(c.Container, &ctr); err != nil {
@@ -374,7 +407,7 @@ func resourcesOut(ctr corev1.Container) obj {
 
 // fitOut runs the webhook on the container, derives its request from what the webhook wrote
 // and hands it to Fit over the case's devices (in the order given) fitRuns times.
-func fitOut(dev *ascend.Devices, devices []fitDevice, ctr corev1.Container, podAnnos, nodeAnnos map[string]string) (obj, error) {
+func fitOut(dev fitter, devices []fitDevice, ctr corev1.Container, podAnnos, nodeAnnos map[string]string) (obj, error) {
 	pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{ctr}}}
 	pod.Name, pod.Namespace, pod.Annotations = "p", "default", podAnnos
 	if _, err := dev.MutateAdmission(&pod.Spec.Containers[0], pod); err != nil {
@@ -440,8 +473,17 @@ func fitOut(dev *ascend.Devices, devices []fitDevice, ctr corev1.Container, podA
 }
 
 func ascendKeys(devices map[string]*ascend.Devices) obj {
-	out := obj{}
+	words := []string{}
 	for word := range devices {
+		words = append(words, word)
+	}
+	return commonWordKeys(words)
+}
+
+// commonWordKeys is the pod and heartbeat keys Go registered for each device type.
+func commonWordKeys(words []string) obj {
+	out := obj{}
+	for _, word := range words {
 		out[word] = obj{
 			"to_allocate": device.InRequestDevices[word],
 			"allocated":   device.SupportDevices[word],
@@ -491,4 +533,19 @@ func ascendConfig() ascend.VNPUs {
 			tmpl{Name: "vir05_1c_16g", Memory: 16384, AICore: 5, AICPU: 1},
 			tmpl{Name: "vir10_3c_32g", Memory: 32768, AICore: 10, AICPU: 3}),
 	}}
+}
+
+// iluvatarConfig is the iluvatars section of Go HAMi's Helm chart (the device ConfigMap of
+// charts/hami at this commit).
+func iluvatarConfig() []iluvatar.IluvatarConfig {
+	out := []iluvatar.IluvatarConfig{}
+	for _, word := range []string{"MR-V100", "MR-V50", "BI-V150", "BI-V100"} {
+		out = append(out, iluvatar.IluvatarConfig{
+			CommonWord: word, ChipName: word,
+			ResourceCountName:  "iluvatar.ai/" + word + "-vgpu",
+			ResourceMemoryName: "iluvatar.ai/" + word + ".vMem",
+			ResourceCoreName:   "iluvatar.ai/" + word + ".vCore",
+		})
+	}
+	return out
 }
