@@ -164,6 +164,10 @@ class SchedulerConfig:
     reservation_timeout: Duration = Duration(30)
     node_policy: str = "binpack"  # binpack, spread or defrag (hami.core.defragpolicy)
     device_policy: str = "spread"  # comma list: binpack, spread, numa, mutex, topology-aware
+    # FilteringSucceed and BindingSucceed Events on every pod, as Go HAMi writes them: two
+    # API writes per pod that kube-scheduler's own Scheduled Event already covers. Off:
+    # only failures (aggregated) are written.
+    success_events: bool = False
     # Under node_policy defrag: pods that ask for no device are routed to this scheduler
     # too (webhook) and placed where their CPU and memory strand the least GPU; needs the
     # extender called for every pod (kube-scheduler.yaml: no managedResources).

@@ -9,6 +9,7 @@ from collections import defaultdict
 from typing import Any
 
 import aiohttp
+import pytest
 from _sched_helpers import (
     T0,
     FakeClock,
@@ -47,11 +48,15 @@ async def make_nodes(kube: Kube, prefix: str, n: int, devices: int = 2, **kwargs
     return names
 
 
-async def test_filter_and_bind_write_the_protocol_annotations(kube: Kube, namespace: str) -> None:
+@pytest.mark.parametrize("success_events", [False, True])
+async def test_filter_and_bind_write_the_protocol_annotations(
+    kube: Kube, namespace: str, success_events: bool
+) -> None:
     fake = FakeClock()
     nodes = await make_nodes(kube, unique("fb"), 2)
+    cfg = scheduler_config(success_events=success_events)
     try:
-        async with running_scheduler(kube, fake) as role:
+        async with running_scheduler(kube, fake, cfg) as role:
             await poll(lambda: all(n in role.scheduler.cluster.nodes for n in nodes))
             pod = await create_pod(kube, namespace, gpu_pod("p1", mem=3000, cores=30))
             answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": nodes})
@@ -132,7 +137,9 @@ async def test_filter_and_bind_write_the_protocol_annotations(kube: Kube, namesp
             await role.scheduler.drain()
         events = await kube.request("GET", f"/api/v1/namespaces/{namespace}/events")
         reasons = {e["reason"] for e in events["items"] if e["involvedObject"]["name"] == "p1"}
-        assert {"FilteringSucceed", "BindingSucceed"} <= reasons
+        # Go HAMi's success Events only when asked for (two API writes per pod)
+        assert ({"FilteringSucceed", "BindingSucceed"} <= reasons) == success_events
+        assert not reasons & {"FilteringSucceed", "BindingSucceed"} or success_events
     finally:
         await delete_nodes(kube, nodes)
 

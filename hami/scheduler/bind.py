@@ -187,9 +187,10 @@ class Binder:
                 raise BindError("hami bind: PodName and Node are required")
             await self._bind(namespace, name, uid, node)
             outcome, reason = "success", "bound"
-            self._event_ref(
-                namespace, name, uid, "BindingSucceed", f"bound to node {node}", "Normal"
-            )
+            if self.settings.success_events:
+                self._event_ref(
+                    namespace, name, uid, "BindingSucceed", f"bound to node {node}", "Normal"
+                )
             return {"Error": ""}
         except BindError as exc:
             reason = bind_reason(str(exc))

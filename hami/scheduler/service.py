@@ -388,7 +388,8 @@ class Scheduler:
             f"{word}: {encode_pod_devices(per)}" for word, per in fit.assignment.items()
         )
         _log.debug("pod placed", pod=key, node=decision.node, devices=devices)
-        self._event(pod, "FilteringSucceed", f"node {decision.node} chosen, devices {devices}")
+        if self.settings.success_events:
+            self._event(pod, "FilteringSucceed", f"node {decision.node} chosen, devices {devices}")
         answer = {"NodeNames": [decision.node], "FailedNodes": {}, "Error": ""}
         return _with_nodes(args, answer, [decision.node]), "scheduled"
 
