@@ -1,5 +1,5 @@
-"""The Iluvatar cases of tests/data/go-vendor-vectors.json (issue 24): what HAMi v2.10's own
-device functions returned (``GetNodeDevices``, ``MutateAdmission`` +
+"""The Iluvatar and Moore Threads cases of tests/data/go-vendor-vectors.json (issue 24): what
+HAMi v2.10's own device functions returned (``GetNodeDevices``, ``MutateAdmission`` +
 ``GenerateResourceRequests``, ``PatchAnnotations``, ``Fit``) for each type of Go's chart,
 against this project's backends found through their entry points.
 
@@ -25,6 +25,7 @@ from hami.backends import registry
 from hami.backends.base import Backend, BackendError
 from hami.backends.iluvatar import BACKENDS as ILUVATAR_CLASSES
 from hami.backends.iluvatar import IluvatarBackend
+from hami.backends.mthreads import MthreadsBackend
 from hami.core.fit import fit_container
 from hami.core.requests import (
     NO_SELECTORS,
@@ -40,7 +41,9 @@ from hami.protocol import ContainerDevice, ProtocolError, encode_pod_devices
 from hami.scheduler.webhook import mutations
 
 GO: dict[str, Any] = data_json("go-vendor-vectors.json")
-BACKENDS: dict[str, Backend] = {word: registry.create(word) for word in ILUVATAR_CLASSES}
+BACKENDS: dict[str, Backend] = {
+    word: registry.create(word) for word in (*ILUVATAR_CLASSES, "mthreads")
+}
 KINDS = {word: DeviceKind.from_backend(b) for word, b in BACKENDS.items()}
 WHOLE = 100  # Go's Fit gives a device at most 100 % of its cores
 
@@ -83,6 +86,21 @@ DELIBERATE: dict[str, dict[str, str]] = {
     "pod_values": {},
     "fits": {},
 }
+# Moore Threads' count 0 or below: Go's webhook refuses the pod; here a count of 0 asks for
+# nothing (as for every vendor), a negative one is refused.
+DELIBERATE["containers"]["mthreads-count-zero"] = (
+    "a count of 0 asks for nothing here (every vendor alike); Go's webhook refuses the pod"
+)
+DELIBERATE["containers"]["mthreads-cores-17"] = (
+    "one device with sgpu-core above 16 (a whole card) is refused with what to fix; Go takes "
+    "it and no card ever fits it"
+)
+DELIBERATE["containers"]["mthreads-memory-only"] = DEFAULT_COUNT
+# What Go's Moore Threads PatchAnnotations writes that no pod value here carries, and back:
+# mthreads.com/predicate-time (the time of the decision) and mthreads.com/predicate-node (the
+# node) are not written yet (backends' pod annotations see neither); the to-allocate key,
+# which Go registers but does not write for Moore Threads, is written as for every vendor.
+NOT_WRITTEN = ("mthreads.com/predicate-time", "mthreads.com/predicate-node")
 
 
 def _cases(section: str) -> list[Any]:
@@ -128,10 +146,34 @@ def test_every_iluvatar_type_of_gos_chart_is_a_backend_with_gos_keys_and_names()
         )
 
 
-def test_a_node_agent_cannot_serve_iluvatar() -> None:
-    backend = BACKENDS["BI-V150"]
-    with pytest.raises(BackendError, match="no node side for Iluvatar"):
-        asyncio.run(backend.enumerate())
+def test_moore_threads_has_gos_keys_and_names() -> None:
+    backend, kind = BACKENDS["mthreads"], KINDS["mthreads"]
+    assert isinstance(backend, MthreadsBackend)
+    keys, config = GO["keys"]["mthreads"]["Mthreads"], GO["about"]["config"]["mthreads"]
+    assert (backend.to_allocate_key, backend.allocated_key, backend.vendor_word) == (
+        keys["to_allocate"],
+        keys["allocated"],
+        "Mthreads",
+    )
+    names = backend.resources
+    assert (names.count, names.memory, names.cores, names.memory_unit_mib) == (
+        config["resourceCountName"],
+        config["resourceMemoryName"],
+        config["resourceCoreName"],
+        512,
+    )
+    assert (kind.annotation("use-uuid"), kind.annotation("nouse-uuid")) == (
+        "mthreads.ai/use-gpuuuid",
+        "mthreads.ai/nouse-gpuuuid",
+    )
+
+
+@pytest.mark.parametrize(
+    ("word", "vendor"), [("BI-V150", "Iluvatar"), ("mthreads", "Moore Threads")]
+)
+def test_a_node_agent_cannot_serve_them(word: str, vendor: str) -> None:
+    with pytest.raises(BackendError, match=f"no node side for {vendor}"):
+        asyncio.run(BACKENDS[word].enumerate())
 
 
 # ------------------------------------------------------------------ node reading
@@ -251,6 +293,10 @@ def test_pod_values_are_written_as_go_writes_them(case: dict[str, Any]) -> None:
                 )
             )
     go = dict(case["go"]["annotations"])
+    if case["vendor"] == "mthreads":
+        assert [go.pop(key) for key in NOT_WRITTEN] == ["<unix nanoseconds>", ""]
+        assert kind.to_allocate_key not in go
+        ours.pop(kind.to_allocate_key, None)
     _judge("pod_values", case, ours == go, f"ours {ours}; go {go}")
 
 

@@ -90,6 +90,9 @@ class ContainerAllocation:
     mounts: Sequence[Mount] = ()
     devices: Sequence[DeviceNode] = ()
     host_dirs: Sequence[str] = ()  # created with mode 0777 before answering
+    # pod annotations written with the answer (NVIDIA MIG: the completed reservations); a
+    # later container of the same Allocate sees them in AllocationRequest.pod_annotations
+    pod_annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +108,7 @@ class AllocationRequest:
     node_devices: Sequence[Device]  # what this node enumerated, to map uuid -> index
     container_env: Mapping[str, str] = field(default_factory=dict)
     container_limits: Mapping[str, Any] = field(default_factory=dict)  # resources.limits
+    pod_annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 HealthCallback = Callable[[str, bool], None]
@@ -135,6 +139,8 @@ class Backend(abc.ABC):
     # Whether the cores resource names the cores of all of a container's devices together
     # (DeviceKind.cores_per_container: Iluvatar, Moore Threads) rather than of each one.
     cores_per_container: bool = False
+    # The same for the memory resource (DeviceKind.memory_per_container: Moore Threads).
+    memory_per_container: bool = False
 
     def __init__(self, settings: BackendSettings | None = None) -> None:
         self.settings = settings or BackendSettings()
@@ -270,9 +276,25 @@ class Backend(abc.ABC):
         (Cambricon). Pure; the default advertises none."""
         return {}
 
+    # allocate() blocks on the hardware (NVIDIA MIG mode makes instances): the node agent
+    # then calls it in a worker thread
+    allocate_does_io: bool = False
+
     @abc.abstractmethod
     def allocate(self, request: AllocationRequest) -> ContainerAllocation:
-        """The container's environment, mounts and device nodes. Pure; raises BackendError."""
+        """The container's environment, mounts and device nodes. Pure unless
+        ``allocate_does_io``; raises BackendError."""
+
+    def wants_pod_reconcile(self) -> bool:
+        """Whether the node agent should hand it the node's pods now (``reconcile_pods``):
+        it holds something made for pods (NVIDIA: MIG instances) to release when they go."""
+        return False
+
+    async def reconcile_pods(self, pods: Sequence[Mapping[str, Any]]) -> None:
+        """Release what was made for pods not among ``pods`` (every pod bound to the node,
+        freshly listed). Called before each Allocate and periodically while
+        ``wants_pod_reconcile``; the default has nothing to release."""
+        return None
 
     async def watch_health(self, devices: Sequence[Device], on_change: HealthCallback) -> None:
         """Report health changes until cancelled. The default has no health source."""

@@ -131,6 +131,9 @@ class DeviceKind:
     # generic rules then refuse only negative cores, ``request_rule`` judges the rest, and the
     # webhook writes the request's cores x count back (``webhook.written``).
     cores_per_container: bool = False
+    # The same for the memory resource (Moore Threads): ``request_rule`` derives each
+    # device's memory and the webhook writes it x count back.
+    memory_per_container: bool = False
     # Environment variables the webhook sets in a container asking for this kind
     # (``ContainerEnv``); None: none.
     container_env: ContainerEnv | None = None
@@ -194,6 +197,7 @@ class DeviceKind:
             selector_keys=tuple(getattr(backend, "selector_keys", ())),
             request_rule=getattr(backend, "request_rule", None),
             cores_per_container=bool(getattr(backend, "cores_per_container", False)),
+            memory_per_container=bool(getattr(backend, "memory_per_container", False)),
             container_env=getattr(backend, "env_writer", None),
         )
 

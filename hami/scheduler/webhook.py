@@ -268,6 +268,8 @@ def written(
         out[names.count] = str(request.count)
     if names.memory and request.memory_percentage is None:
         memory = request.memory // names.memory_unit_mib
+        if kind.memory_per_container:
+            memory *= request.count  # the resource holds all the devices' memory
         if names.memory not in resources or _quantity(resources[names.memory]) != memory:
             out[names.memory] = str(memory)
     if kind.cores_per_container and names.cores:

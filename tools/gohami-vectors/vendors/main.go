@@ -1,9 +1,9 @@
 // Command vendors hands the inputs of cases.json to Go HAMi's own device functions for the
 // vendors this project models besides NVIDIA (Cambricon MLU as Go HAMi 2.10 reads it from
-// kubelet capacity, Hygon DCU, every Huawei Ascend and Iluvatar type of Go HAMi's chart): how
+// kubelet capacity, Hygon DCU, every Huawei Ascend and Iluvatar type of Go HAMi's chart, Moore Threads): how
 // a Node's devices are read (GetNodeDevices), whether the webhook takes a container, what it
 // writes into it and what it asks for (MutateAdmission, GenerateResourceRequests), the pod
-// annotations a decision writes (PatchAnnotations) and, for Ascend and Iluvatar, which
+// annotations a decision writes (PatchAnnotations) and, for Ascend, Iluvatar and Moore Threads, which
 // devices of a node a request gets (Fit: vNPU templates, 910C modules, whole devices). It writes what each returned,
 // so that this project's readers and writers can be compared with Go HAMi case by case
 // (tests/test_go_vendor_vectors.py). It is built against an unpacked Go HAMi tree by
@@ -29,6 +29,7 @@ import (
 	"github.com/Project-HAMi/HAMi/pkg/device/cambricon"
 	"github.com/Project-HAMi/HAMi/pkg/device/hygon"
 	"github.com/Project-HAMi/HAMi/pkg/device/iluvatar"
+	"github.com/Project-HAMi/HAMi/pkg/device/mthreads"
 	"github.com/Project-HAMi/HAMi/pkg/util"
 )
 
@@ -39,11 +40,17 @@ const functions = "CambriconDevices.GetNodeDevices, CambriconDevices.MutateAdmis
 	"ascend.Devices.GetNodeDevices, ascend.Devices.MutateAdmission, " +
 	"ascend.Devices.GenerateResourceRequests, ascend.Devices.PatchAnnotations, ascend.Devices.Fit, " +
 	"IluvatarDevices.GetNodeDevices, IluvatarDevices.MutateAdmission, " +
-	"IluvatarDevices.GenerateResourceRequests, IluvatarDevices.PatchAnnotations, IluvatarDevices.Fit"
+	"IluvatarDevices.GenerateResourceRequests, IluvatarDevices.PatchAnnotations, IluvatarDevices.Fit, " +
+	"MthreadsDevices.GetNodeDevices, MthreadsDevices.MutateAdmission, " +
+	"MthreadsDevices.GenerateResourceRequests, MthreadsDevices.PatchAnnotations, MthreadsDevices.Fit"
 
 // predicateTime stands for the value Ascend's PatchAnnotations writes under "predicate-time"
 // (the time of the call), so that the file does not change with every run.
 const predicateTime = "<unix seconds>"
+
+// mthreadsPredicateTime stands for the time of the call Moore Threads' PatchAnnotations
+// writes under mthreads.com/predicate-time.
+const mthreadsPredicateTime = "<unix nanoseconds>"
 
 type obj = map[string]any
 
@@ -192,6 +199,14 @@ func run(casesPath, outPath, commit, command, goVersion string) error {
 	if err := iluvatarFlags.Set("enable-iluvatar", "true"); err != nil {
 		return err
 	}
+	mthreadsConfig := mthreads.MthreadsConfig{
+		ResourceCountName:  "mthreads.com/vgpu",
+		ResourceMemoryName: "mthreads.com/sgpu-memory",
+		ResourceCoreName:   "mthreads.com/sgpu-core",
+	}
+	mthreadsDevices := mthreads.InitMthreadsDevice(mthreadsConfig)
+	vendors["mthreads"] = vendor{mthreadsDevices, mthreads.MthreadsGPUDevice}
+	fitters["mthreads"] = mthreadsDevices
 	iluvatarWords := []string{}
 	for _, dev := range iluvatar.InitIluvatarDevice(iluvatarConfig()) {
 		vendors[dev.CommonWord()] = vendor{dev, dev.CommonWord()}
@@ -225,6 +240,9 @@ func run(casesPath, outPath, commit, command, goVersion string) error {
 					"memoryFactor":       hygonConfig.MemoryFactor},
 				"ascend":   ascendConfig(),
 				"iluvatar": iluvatarConfig(),
+				"mthreads": obj{"resourceCountName": mthreadsConfig.ResourceCountName,
+					"resourceMemoryName": mthreadsConfig.ResourceMemoryName,
+					"resourceCoreName":   mthreadsConfig.ResourceCoreName},
 			},
 			"note": "every 'go' field is what HAMi's own function returned for the case's input",
 		},
@@ -240,6 +258,7 @@ func run(casesPath, outPath, commit, command, goVersion string) error {
 			"hygon_handshake":       hygon.HandshakeAnnos,
 			"ascend":                ascendKeys(ascendDevices),
 			"iluvatar":              commonWordKeys(iluvatarWords),
+			"mthreads":              commonWordKeys([]string{mthreads.MthreadsGPUDevice}),
 		},
 	}
 
@@ -325,6 +344,9 @@ func run(casesPath, outPath, commit, command, goVersion string) error {
 		v.devices.PatchAnnotations(pod, &annotations, device.PodDevices{v.typeWord: single})
 		if _, ok := annotations["predicate-time"]; ok {
 			annotations["predicate-time"] = predicateTime
+		}
+		if _, ok := annotations[mthreads.MthreadsPredicateTime]; ok {
+			annotations[mthreads.MthreadsPredicateTime] = mthreadsPredicateTime
 		}
 		item := obj{
 			"name": c.Name, "vendor": c.Vendor, "containers": c.Containers,
