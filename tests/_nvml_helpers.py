@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pynvml
+from _nvml_mig_fake import FakeMigInstances, MigHandle
 
 from hami.backends._nvml import sysfs_bus_id
 from hami.backends.mig_tables import profiles_for
@@ -46,8 +47,9 @@ class Handle:
     index: int
 
 
-class FakeNvml:
-    """The slice of pynvml the backend uses, with call records."""
+class FakeNvml(FakeMigInstances):
+    """The slice of pynvml the backend uses, with call records (GPU and compute instances:
+    ``_nvml_mig_fake``)."""
 
     NVMLError = pynvml.NVMLError
     nvmlEventTypeXidCriticalError = XID
@@ -69,6 +71,7 @@ class FakeNvml:
         self.topology_calls = 0
         self.mig_calls = 0  # MIG mode, profile and placement queries
         self.placements_error: dict[int, int] = {}  # profile id -> NVML error code
+        self._mig_init()
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("NVMLError_"):  # every error class pynvml has
@@ -112,8 +115,13 @@ class FakeNvml:
                 return Handle(gpu.index)
         raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
 
-    def nvmlDeviceGetUUID(self, handle: Handle) -> str:
+    def nvmlDeviceGetIndex(self, handle: Handle) -> int:
+        return handle.index
+
+    def nvmlDeviceGetUUID(self, handle: Handle | MigHandle) -> str:
         self._call()
+        if isinstance(handle, MigHandle):
+            return self.mig_uuid(handle)
         return self.gpus[handle.index].uuid
 
     def nvmlDeviceGetName(self, handle: Handle) -> str:

@@ -47,9 +47,18 @@ def gpu(index: int, name: str, mig_mode: int | None = 1) -> FakeGpu:
 
 
 def backend(
-    nvml: FakeNvml, sysfs: Path, allowlist: Any = ALLOWLIST, register_format: str = "json"
+    nvml: FakeNvml,
+    sysfs: Path,
+    allowlist: Any = ALLOWLIST,
+    register_format: str = "json",
+    mode: str = "mig",
 ) -> NvidiaBackend:
-    options = {"sysfs_root": str(sysfs), "topology_score": False}
+    options: dict[str, Any] = {
+        "sysfs_root": str(sysfs),
+        "topology_score": False,
+        "operating_mode": mode,
+        "mig_state_file": str(sysfs / "mig-ledger.json"),
+    }
     if allowlist is not None:
         options["mig_profile_allowlist"] = allowlist
     return NvidiaBackend(
@@ -100,28 +109,32 @@ async def test_every_modelled_gpu_registers_its_allowed_geometry(
     assert sum(p.size for p in taken) <= 8
 
 
-async def test_gpus_not_in_mig_mode_register_as_before(tmp_path: Path) -> None:
-    nvml = FakeNvml([gpu(0, "A100-SXM4-80GB", mig_mode=0), gpu(1, "Tesla T4", None)])
-    nvidia = backend(nvml, tmp_path)
-    devices = nvidia.to_node_devices(await nvidia.enumerate())
+@pytest.mark.parametrize("allowlist", [ALLOWLIST, None])
+async def test_a_hami_core_node_registers_only_gpus_not_in_mig_mode(
+    allowlist: Any, tmp_path: Path
+) -> None:
+    """HAMi-core cannot share a GPU in MIG mode, and a hami-core node publishes no MIG
+    capability whatever its allow-list (Go's chart carries one on every node)."""
+    gpus = [gpu(0, "A100-SXM4-80GB", mig_mode=0), gpu(1, "Tesla T4", None), gpu(2, "H200")]
+    nvidia = backend(FakeNvml(gpus), tmp_path, allowlist=allowlist, mode="hami-core")
+    with capture_logs() as logs:
+        devices = nvidia.to_node_devices(await nvidia.enumerate())
     assert [(d.mode, d.mig_profiles, d.count) for d in devices] == [("hami-core", (), 10)] * 2
+    (skipped,) = [e for e in logs if e["event"] == "nvidia.device_skipped_for_mode"]
+    assert skipped["uuid"] == "GPU-mig-2" and "operating_mode: mig" in skipped["hint"]
 
 
-async def test_without_an_allowlist_nvml_is_not_asked_about_mig(tmp_path: Path) -> None:
-    nvml = FakeNvml([gpu(0, "H100 80GB HBM3")])
-    nvidia = backend(nvml, tmp_path, allowlist=None, register_format="seed")
-    (device,) = await nvidia.enumerate()
-    assert device.mig is None and nvml.mig_calls == 0
-
-
-async def test_a_mixed_node_registers_both_kinds(tmp_path: Path) -> None:
-    nvml = FakeNvml([gpu(0, "H200"), gpu(1, "H200", mig_mode=0)])
+async def test_a_mig_node_hands_out_no_hami_core_shares(tmp_path: Path) -> None:
+    nvml = FakeNvml([gpu(0, "H200"), gpu(1, "H200", mig_mode=0), gpu(2, "Tesla T4", None)])
     nvidia = backend(nvml, tmp_path)
-    registered = nvidia.to_node_devices(await nvidia.enumerate())
+    with capture_logs() as logs:
+        registered = nvidia.to_node_devices(await nvidia.enumerate())
     read = decode_node_devices(nvidia.register_value(registered))
     assert read == registered
-    assert [d.mode for d in read] == ["mig", "hami-core"]
+    assert [(d.uuid, d.mode) for d in read] == [("GPU-mig-0", "mig")]
     assert read[0].mig_profiles[0].memory_mb == 16640
+    hints = [e["hint"] for e in logs if e["event"] == "nvidia.device_skipped_for_mode"]
+    assert len(hints) == 2 and all("nvidia-smi -i" in h for h in hints)
 
 
 async def test_a_mig_gpu_with_no_allowed_profile_is_not_registered(tmp_path: Path) -> None:
@@ -161,6 +174,7 @@ async def test_a_profile_name_reads_nvmls_profile_of_its_slice_count(tmp_path: P
     ("allowlist", "register_format", "message"),
     [
         (ALLOWLIST, "seed", "register_format: json"),
+        ([], "json", "operating_mode mig needs mig_profile_allowlist"),
         ([{"models": ["A100"], "profiles": ["1g"]}], "json", "invalid MIG profile '1g'"),
         ([{"models": [], "profiles": ["1g.5gb"]}], "json", "must name models and profiles"),
         ({"models": ["A100"]}, "json", "must be a list"),
@@ -172,3 +186,17 @@ def test_a_bad_allowlist_is_a_config_error(
     with pytest.raises(BackendError, match=r"mig_profile_allowlist|MIG") as caught:
         backend(FakeNvml([]), tmp_path, allowlist=allowlist, register_format=register_format)
     assert message in str(caught.value)
+
+
+@pytest.mark.parametrize(("mode", "message"), [("mps", "mps is not supported yet"), ("x", "'x'")])
+def test_an_unknown_operating_mode_is_a_config_error(
+    mode: str, message: str, tmp_path: Path
+) -> None:
+    with pytest.raises(BackendError, match="operating_mode") as caught:
+        backend(FakeNvml([]), tmp_path, mode=mode)
+    assert message in str(caught.value)
+
+
+def test_a_hami_core_node_takes_an_allowlist_with_the_seed_register_form(tmp_path: Path) -> None:
+    nvidia = backend(FakeNvml([]), tmp_path, register_format="seed", mode="hami-core")
+    assert nvidia.operating_mode == "hami-core" and not nvidia.allocate_does_io

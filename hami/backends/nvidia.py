@@ -21,20 +21,24 @@ Options (``BackendSettings.options``):
     hamicore: {...}             # HAMi-core paths, see hami.backends.hamicore
     topology_score: true        # write hami.io/node-nvidia-score (link scores between
                                 # GPUs from NVML: NVLink, PCIe path) for topology-aware
-    mig_profile_allowlist:      # GPUs in MIG mode register their allowed profiles (Go's
+    operating_mode: hami-core   # or mig: GPUs in MIG mode served as MIG instances only
+    mig_profile_allowlist:      # (mig) the profiles GPUs in MIG mode register (Go's
       - models: [A100-SXM4-40GB]  # migProfileAllowlist; needs register_format: json)
         profiles: [1g.5gb, 2g.10gb, 3g.20gb, 7g.40gb]
+    mig_state_file: <containers_dir's parent>/hami-mig-instances.json  # instances it made
 
 Topology: when the set of GPUs changes, the link score of every pair is read from NVML
 (the common PCIe ancestor, NVLinks direct or through NVSwitch) as Go HAMi's plugin scores
 it, and written with the register value as ``hami.io/node-nvidia-score`` in Go HAMi's
 JSON form, so either scheduler can place ``topology-aware`` pods by it.
 
-MIG (protocol.md §10): with ``mig_profile_allowlist`` set, a GPU whose MIG mode is on
-registers as Go HAMi 2.10's plugin registers it: mode ``mig``, the allowed GPU instance
-profiles NVML offers with their legal placements, as many slots as the largest profile
-allows instances. A GPU in MIG mode with no allowed profile is not registered (as in Go).
-Only reads: nothing here changes MIG mode or creates instances (not done yet: issue 23).
+MIG (protocol.md §10, docs/node.md "MIG GPUs"): with ``operating_mode: mig`` a GPU whose
+MIG mode is on registers as Go HAMi 2.10's plugin registers it: mode ``mig``, the allowed
+GPU instance profiles NVML offers with their legal placements, as many slots as the largest
+profile allows instances; Allocate makes the reserved instance (``mig_allocate``,
+``mig_instances``) and answers with its MIG UUID. A GPU not in MIG mode, or with no allowed
+profile, is not registered then; in ``hami-core`` mode a GPU in MIG mode is not registered
+(HAMi-core cannot share it). MIG mode itself is never changed here.
 """
 
 from __future__ import annotations
@@ -42,8 +46,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -62,6 +67,9 @@ from hami.backends.base import (
     MigCapability,
 )
 from hami.backends.hamicore import HamiCorePaths, hamicore_allocation
+from hami.backends.mig_allocate import active_pods, mig_allocation, refuse_mig_reservation
+from hami.backends.mig_instances import MigInstances
+from hami.backends.mig_ledger import MigLedger
 from hami.backends.nvidia_names import (
     NVIDIA_ALLOCATED,
     NVIDIA_PRIORITY,
@@ -82,7 +90,12 @@ _OPTIONS = {
     "hamicore",
     "topology_score",
     "mig_profile_allowlist",
+    "operating_mode",
+    "mig_state_file",
 }
+HAMI_CORE = "hami-core"
+MIG = "mig"
+OPERATING_MODES = (HAMI_CORE, MIG)
 
 
 class NvidiaBackend(Backend):
@@ -118,9 +131,23 @@ class NvidiaBackend(Backend):
         self.topology_score = options.get("topology_score", True)
         if not isinstance(self.topology_score, bool):
             raise BackendError("nvidia: option 'topology_score' must be true or false")
+        self.operating_mode = _operating_mode(options.get("operating_mode", HAMI_CORE))
         self.mig_allowlist = _mig_allowlist(
-            options.get("mig_profile_allowlist", []), self.settings.register_format
+            options.get("mig_profile_allowlist", []),
+            self.settings.register_format if self.operating_mode == MIG else register.JSON,
         )
+        if self.operating_mode == MIG and not self.mig_allowlist:
+            raise BackendError(
+                "nvidia: operating_mode mig needs mig_profile_allowlist (the profiles the "
+                'GPUs in MIG mode offer; docs/node.md "MIG GPUs")'
+            )
+        self.allocate_does_io = self.operating_mode == MIG
+        state_file = options.get(
+            "mig_state_file",
+            os.path.join(os.path.dirname(self.paths.containers_dir), "hami-mig-instances.json"),
+        )
+        self.mig = MigInstances(self._start, MigLedger(str(state_file)))
+        self._mig_held = len(self.mig.ledger)  # for the "all removed" line in hami-core mode
         # hami.io/node-nvidia-score for the GPUs it was computed for (topology is fixed:
         # computed again only when the set of GPUs changes)
         self._scored: tuple[str, ...] | None = None
@@ -231,7 +258,9 @@ class NvidiaBackend(Backend):
             return self._unreadable(index, uuid, exc)
         model = _nvml.model_name(name)
         mig = None
-        if self.mig_allowlist and mig_enabled(nvml, handle):
+        if self._skipped_for_mode(mig_enabled(nvml, handle), index, uuid):
+            return None
+        if self.operating_mode == MIG:
             mig = self._mig(nvml, handle, index, uuid, model)
             if mig is None:
                 return None
@@ -246,6 +275,25 @@ class NvidiaBackend(Backend):
         )
         self._by_index[index] = device
         return device
+
+    def _skipped_for_mode(self, in_mig_mode: bool, index: int, uuid: str) -> bool:
+        """A GPU the operating mode cannot serve is not registered: one in MIG mode on a
+        hami-core node, one not in MIG mode on a mig node. Said at each enumeration."""
+        if in_mig_mode == (self.operating_mode == MIG):
+            return False
+        if in_mig_mode:
+            hint = (
+                "HAMi-core cannot share a GPU in MIG mode: set operating_mode: mig (with "
+                f"mig_profile_allowlist) or disable MIG (nvidia-smi -i {index} -mig 0)"
+            )
+        else:
+            hint = (
+                "operating_mode is mig and this GPU is not in MIG mode: enable it "
+                f"(nvidia-smi -i {index} -mig 1, then reset the GPU) or set "
+                "operating_mode: hami-core"
+            )
+        log.warning("nvidia.device_skipped_for_mode", index=index, uuid=uuid, hint=hint)
+        return True
 
     def _mig(
         self, nvml: Any, handle: Any, index: int, uuid: str, model: str
@@ -282,7 +330,36 @@ class NvidiaBackend(Backend):
     # Allocation
 
     def allocate(self, request: AllocationRequest) -> ContainerAllocation:
+        if self.operating_mode == MIG:
+            return mig_allocation(request, self.mig)  # in a worker thread: allocate_does_io
+        refuse_mig_reservation(request)
         return hamicore_allocation(request, self.paths, priority_resource=self.priority_resource)
+
+    def wants_pod_reconcile(self) -> bool:
+        """In mig mode always; in hami-core mode while instances made in mig mode remain."""
+        return self.operating_mode == MIG or len(self.mig.ledger) > 0
+
+    async def reconcile_pods(self, pods: Sequence[Mapping[str, Any]]) -> None:
+        """Destroy the MIG instances made for pods no longer on the node."""
+        if not self.wants_pod_reconcile():
+            return
+        kept = await asyncio.to_thread(self.mig.reconcile, active_pods(pods))
+        held = len(self.mig.ledger)
+        if self.operating_mode == HAMI_CORE and held:
+            log.warning(
+                "nvidia.mig_instances_remain",
+                instances=held,
+                hint="operating_mode is hami-core: the MIG instances made for pods still on "
+                "this node are removed when those pods go; disable MIG only after that",
+                kept=kept,
+            )
+        elif self.operating_mode == HAMI_CORE and self._mig_held:
+            log.info(
+                "nvidia.mig_instances_cleared",
+                hint="no MIG instance made by this agent is left: MIG mode can be disabled "
+                "(nvidia-smi -i <index> -mig 0)",
+            )
+        self._mig_held = held
 
     # Health
 
@@ -329,6 +406,16 @@ class NvidiaBackend(Backend):
             stop.set()  # on cancellation the thread sees it within event_timeout_ms
             if done.is_set():
                 self._watchers.remove((stop, done))
+
+
+def _operating_mode(value: Any) -> str:
+    if value not in OPERATING_MODES:
+        more = " (mps is not supported yet)" if value == "mps" else ""
+        raise BackendError(
+            f"nvidia: option 'operating_mode' must be one of {', '.join(OPERATING_MODES)}, "
+            f"got {value!r}{more}"
+        )
+    return str(value)
 
 
 def _mig_allowlist(value: Any, register_format: str) -> tuple[AllowedMigProfiles, ...]:

@@ -15,7 +15,9 @@ Tasks, all under one ``asyncio.TaskGroup`` (each named, each failure logged at o
   reads instead of the API server (``hami.node.podcache``; not with an in-memory client);
 - per backend with devices: ``register[{name}]`` (the Node annotations),
   ``device-plugin[{name}]`` (gRPC server + kubelet registration watcher) and
-  ``health[{name}]`` (the backend's health events); with ``mode: dra`` instead
+  ``health[{name}]`` (the backend's health events), and for a backend that makes things
+  for pods (NVIDIA MIG instances) ``pod-reconcile[{name}]`` (releases what gone pods
+  held, every register period, and at once on start); with ``mode: dra`` instead
   ``dra-slices[{name}]`` (the ResourceSlice) and ``dra-plugin[{name}]`` (``hami.dra``).
 """
 
@@ -373,7 +375,17 @@ class NodeAgent:
             self._logged(f"health[{name}]", self._watch_health(state, blog)),
             name=f"health[{name}]",
         )
+        if type(backend).reconcile_pods is not Backend.reconcile_pods:
+            task = f"pod-reconcile[{name}]"
+            tg.create_task(self._logged(task, self._reconcile_pods(backend)), name=task)
         self._started(name)
+
+    async def _reconcile_pods(self, backend: Backend) -> None:
+        """Release what pods that are gone held (``Allocator.reconcile``), every period."""
+        assert self.allocator is not None
+        while True:
+            await self.allocator.reconcile(backend)
+            await asyncio.sleep(self.period)
 
     async def _run_dra(
         self, tg: asyncio.TaskGroup, name: str, state: DeviceState, kube: NodeKube

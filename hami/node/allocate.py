@@ -207,6 +207,10 @@ def plan_allocation(
     positions = _entry_positions(entries, containers, backend, key, ref)
     meta = metadata_of(pod)
     plans: list[ContainerPlan] = []
+    # the pod's annotations as the containers answered so far leave them (NVIDIA MIG: the
+    # completed reservations), and what of them to write back
+    seen = dict(annotations_of(pod))
+    written: dict[str, str] = {}
     for count in requested:
         index = first_pending_entry(entries)
         if index is None:
@@ -248,17 +252,20 @@ def plan_allocation(
             node_devices=list(node_devices),
             container_env=_env(container),
             container_limits=(container.get("resources") or {}).get("limits") or {},
+            pod_annotations=dict(seen),
         )
         try:
             allocation = backend.allocate(request)
         except BackendError as exc:
             raise AllocateError(f"container {name}: {exc}", ref) from None
+        seen.update(allocation.pod_annotations)
+        written.update(allocation.pod_annotations)
         plans.append(ContainerPlan(position, name, list(devices), allocation))
         entries[index] = []
     done = first_pending_entry(entries) is None and not _others_pending(pod, key)
     try:
         # decode accepts some values (an empty uuid) that encode refuses to write back
-        annotations = {key: encode_pod_devices(entries)}
+        annotations = {**written, key: encode_pod_devices(entries)}
     except ProtocolError as exc:
         raise AllocateError(f"annotation {key}: {exc}", ref) from None
     if done:
@@ -478,11 +485,38 @@ class Allocator:
                 return None
         return None if pod is None else pending_uuids(pod, backend)
 
+    async def reconcile(self, backend: Backend) -> None:
+        """Hand the backend the node's pods, freshly listed, to release what was made for
+        pods that are gone (NVIDIA MIG instances), between Allocate calls."""
+        async with self.lock:
+            await self._reconcile(backend)
+
+    async def _reconcile(self, backend: Backend) -> None:
+        if not backend.wants_pod_reconcile():
+            return
+        try:
+            # from the API server, not the watches: what is removed must really be gone
+            pods = await self.kube.list_pods(field_selector=f"spec.nodeName={self.node}")
+        except Exception as exc:
+            self.log.warning(
+                "pod_reconcile_skipped",
+                backend=backend.type_word,
+                error=str(exc),
+                hint="nothing is released while the node's pods cannot be listed",
+            )
+            return
+        try:
+            await backend.reconcile_pods(pods)
+        except Exception as exc:
+            self.log.warning("pod_reconcile_failed", backend=backend.type_word, error=str(exc))
+
     async def allocate(
         self, backend: Backend, requested: Sequence[int], node_devices: Sequence[Device]
     ) -> AllocationPlan:
         async with self.lock:
             await self.settle()  # writes to the Node stay in order
+            # what gone pods still hold (a MIG placement) is freed before it is needed
+            await self._reconcile(backend)
             cached = self._find_cached(backend)
             if cached is not None:
                 plan = await self._allocate_cached(*cached, backend, requested, node_devices)
@@ -505,7 +539,7 @@ class Allocator:
         ref = pod_ref(pod)
         meta = metadata_of(pod)
         try:
-            plan = plan_allocation(pod, backend, requested, node_devices)
+            plan = await _plan(pod, backend, requested, node_devices)
             await _make_host_dirs(plan)
         except Exception as exc:
             self.log.debug("cached_allocation_fell_back", pod=ref, error=str(exc))
@@ -583,7 +617,7 @@ class Allocator:
             )
         ref = pod_ref(pod)
         try:
-            plan = plan_allocation(pod, backend, requested, node_devices)
+            plan = await _plan(pod, backend, requested, node_devices)
             await _make_host_dirs(plan)
         except AllocateError as exc:
             await self._fail(pod, exc.cause)
@@ -683,6 +717,16 @@ class Allocator:
             with contextlib.suppress(Exception):
                 await self.kube.patch_node_annotations(self.node, {keys.NODE_LOCK: None}, rv)
                 self.log.info("stale_node_lock_released", lock=value, reason=reason)
+
+
+async def _plan(
+    pod: Pod, backend: Backend, requested: Sequence[int], node_devices: Sequence[Device]
+) -> AllocationPlan:
+    """``plan_allocation``, in a worker thread for a backend whose allocate blocks on the
+    hardware (``allocate_does_io``: NVML making MIG instances)."""
+    if backend.allocate_does_io:
+        return await asyncio.to_thread(plan_allocation, pod, backend, requested, node_devices)
+    return plan_allocation(pod, backend, requested, node_devices)
 
 
 async def _make_host_dirs(plan: AllocationPlan) -> None:
