@@ -54,12 +54,16 @@ class DefragPolicy:
         self.fragment = defrag.FragmentCache(self.shapes)
         # free (CPU millicores, memory MiB) per node, where known
         self.room: dict[str, tuple[int, int]] = {}
-        self._keys: dict[str, tuple[int, defrag.NodeKey]] = {}
+        # node -> (window generation, its key, the key's number, its free cores)
+        self._keys: dict[str, tuple[int, defrag.NodeKey, int, int]] = {}
+        # node keys numbered (per generation): answers are looked up by small ints, not
+        # by hashing a tuple of device tuples each time
+        self._key_ids: dict[defrag.NodeKey, int] = {}
         self.free_by_model: dict[str, int] = {}
         self._free_of: dict[str, dict[str, int]] = {}
-        # (what is asked, node key, CPU and memory covered after the pod) -> answer, for
-        # one window generation
-        self._answers: dict[Hashable, _Answer] = {}
+        # what is asked -> (node key number, CPU and memory covered after the pod) ->
+        # answer, for one window generation
+        self._answers: dict[Hashable, dict[tuple[int, int, int], _Answer]] = {}
         self._answers_generation = -1
 
     def forget(self, node: str) -> None:
@@ -91,10 +95,15 @@ class DefragPolicy:
         self._count_free(node, None)
 
     def node_key(self, node: NodeLike) -> defrag.NodeKey:
+        return self._node_entry(node)[1]
+
+    def _node_entry(self, node: NodeLike) -> tuple[int, defrag.NodeKey, int, int]:
         generation = self.shapes.generation
         known = self._keys.get(node.name)
         if known is not None and known[0] == generation:
-            return known[1]
+            return known
+        if self._answers_generation != generation:
+            self._new_generation()
         room = self.room.get(node.name)
         covered = (
             self.shapes.covered(*room) if room is not None else self.shapes.covered(None, None)
@@ -108,9 +117,18 @@ class DefragPolicy:
             ),
             covered,
         )
-        self._keys[node.name] = (generation, key)
+        number = self._key_ids.setdefault(key, len(self._key_ids))
+        entry = (generation, key, number, sum(d[3] for d in key[0]))
+        self._keys[node.name] = entry
         self._count_free(node.name, key)
-        return key
+        return entry
+
+    def _new_generation(self) -> None:
+        """The window's weights changed: every cached answer and key number is stale."""
+        self._answers.clear()
+        self._key_ids.clear()
+        self._keys.clear()  # their key numbers are gone too
+        self._answers_generation = self.shapes.generation
 
     def pressure(self) -> dict[str, float]:
         """Per device model: the recent demand that may use it, each shape's share
@@ -142,9 +160,12 @@ class DefragPolicy:
         shape = defrag.shape_of(request, *pod_room)
         if shape is not None:
             self.shapes.observe(shape)
-        if self._answers_generation != self.shapes.generation or len(self._answers) > MAX_ANSWERS:
-            self._answers.clear()
-            self._answers_generation = self.shapes.generation
+        if (
+            self._answers_generation != self.shapes.generation
+            or len(self._key_ids) > MAX_ANSWERS
+            or sum(len(a) for a in self._answers.values()) > MAX_ANSWERS
+        ):
+            self._new_generation()
         share = _single_share(request)
         best: tuple[float, float, str, defrag.DeviceKey | None] | None = None
         looked = 0
@@ -216,39 +237,40 @@ class DefragPolicy:
         """Per node looked at: (cost, -utilisation, name, device key to take), or None
         when the pod does not fit there. Nodes in the same state after the pod share one
         answer (``_answers``), unless devices are picked by uuid or link scores."""
-        asked = _asked(request, device_policy) if _cacheable(request, device_policy) else None
+        cacheable = _cacheable(request, device_policy)
+        answers = self._answers.setdefault(_asked(request, device_policy), {}) if cacheable else {}
         cpu, memory = pod_room
         cpu_steps, memory_steps = self.shapes.cpu_steps, self.shapes.memory_steps
         generation = self.shapes.generation
-        answers, keys, rooms = self._answers, self._keys, self.room
+        keys, rooms = self._keys, self.room
         pressure = self.pressure() if PRESSURE_WEIGHT else {}
         taken_cores = _cores_of(request)
+        starved, shapes = defrag.starved, self.shapes
         for name in names:
             node = nodes.get(name)
             if node is None:
                 continue
+            entry = keys.get(name)
+            if entry is None or entry[0] != generation:
+                entry = self._node_entry(node)
+            _generation, key, number, free = entry
             room = rooms.get(name)
-            known = keys.get(name)
-            key = known[1] if known is not None and known[0] == generation else None
-            if key is None:
-                key = self.node_key(node)
             if room is None:
-                memo = (asked, key, key[1], key[2])
+                memo = (number, key[1], key[2])
             elif room[0] < cpu or room[1] < memory:
                 yield None  # kube-scheduler's NodeResourcesFit would not offer it
                 continue
             else:
                 memo = (
-                    asked,
-                    key,
+                    number,
                     bisect_right(cpu_steps, room[0] - cpu),
                     bisect_right(memory_steps, room[1] - memory),
                 )
-            if asked is not None and memo in answers:
+            if memo in answers:
                 answer = answers[memo]
             else:
-                answer = self._answer(node, request, device_policy, share, key, memo[2:])
-                if asked is not None:
+                answer = self._answer(node, request, device_policy, share, key, memo[1:])
+                if cacheable:
                     answers[memo] = answer
             if answer is None:
                 yield None
@@ -258,12 +280,9 @@ class DefragPolicy:
                 model = answer[1][0] if answer[1] is not None else (key[0][0][0] if key[0] else "")
                 cost += PRESSURE_WEIGHT * taken_cores * (pressure.get(model, 1.0) - 1.0)
             if STARVED_WEIGHT and room is not None:
-                free = sum(d[3] for d in key[0])
                 cost += STARVED_WEIGHT * (
-                    defrag.starved(
-                        max(0, free - taken_cores), room[0] - cpu, room[1] - memory, self.shapes
-                    )
-                    - defrag.starved(free, room[0], room[1], self.shapes)
+                    starved(max(0, free - taken_cores), room[0] - cpu, room[1] - memory, shapes)
+                    - starved(free, room[0], room[1], shapes)
                 )
             yield (cost, -node.utilisation, name, answer[1])
 
