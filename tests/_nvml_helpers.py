@@ -40,6 +40,9 @@ class FakeGpu:
     # MIG mode, current and pending: None on a GPU without MIG (NVML: not supported). The
     # profiles are hami.backends.mig_tables' for the GPU's name.
     mig_mode: int | None = None
+    # details (DRA attributes): None is NVML's "not supported" for this GPU
+    architecture: int | None = None  # nvmlDeviceArchitecture_t
+    compute_capability: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,10 @@ class FakeNvml(FakeMigInstances):
         self.topology_calls = 0
         self.mig_calls = 0  # MIG mode, profile and placement queries
         self.placements_error: dict[int, int] = {}  # profile id -> NVML error code
+        # the machine's driver (None: not supported) and an NVML error per detail call
+        self.driver_version: str | None = "550.54.15"
+        self.cuda_driver_version: int | None = 12040
+        self.detail_errors: dict[str, int] = {}
         self._mig_init()
 
     def __getattr__(self, name: str) -> Any:
@@ -135,6 +142,27 @@ class FakeNvml(FakeMigInstances):
     def nvmlDeviceGetPciInfo(self, handle: Handle) -> SimpleNamespace:
         # Real pynvml decodes busId to str; older bindings gave bytes: exercise that path.
         return SimpleNamespace(busId=self._gpu(handle, "after_uuid").bus_id.encode())
+
+    def _detail(self, call: str, value: Any) -> Any:
+        self._call()
+        if call in self.detail_errors:
+            raise nvml_error(self.detail_errors[call])
+        if value is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return value
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return str(self._detail("driver", self.driver_version))
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return int(self._detail("cuda", self.cuda_driver_version))
+
+    def nvmlDeviceGetArchitecture(self, handle: Handle) -> int:
+        return int(self._detail("architecture", self._gpu(handle, "after_uuid").architecture))
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: Handle) -> tuple[int, int]:
+        found = self._detail("capability", self._gpu(handle, "after_uuid").compute_capability)
+        return (int(found[0]), int(found[1]))
 
     def nvmlDeviceGetSupportedEventTypes(self, handle: Handle) -> int:
         return int(XID | pynvml.nvmlEventTypeSingleBitEccError)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes.util
+import dataclasses
 import threading
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from structlog.testing import capture_logs
 
 from hami.backends import AllocationRequest, BackendError, BackendSettings, Device, registry
 from hami.backends._nvml import model_name, sysfs_bus_id
+from hami.backends.details import DeviceDetails
 from hami.backends.nvidia import NvidiaBackend
 from hami.protocol import ContainerDevice
 
@@ -142,9 +144,10 @@ async def test_device_lost_after_enumeration_keeps_its_identity(
     nvml.gpus[3].lost = "handle"
     devices = await backend.enumerate()
     assert len(devices) == 8
-    assert devices[3] == Device(
+    assert dataclasses.replace(devices[3], details=DeviceDetails()) == Device(
         nvml.gpus[3].uuid, 3, "NVIDIA A100-SXM4-80GB", 81920, 0, healthy=False
     )
+    assert devices[3].details.product == "NVIDIA A100-SXM4-80GB"  # kept from the last reading
     nvml.gpus[3].lost = None  # a device once lost stays unhealthy until restart
     assert not (await backend.enumerate())[3].healthy
 

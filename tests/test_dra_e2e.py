@@ -62,9 +62,13 @@ async def wait_claims_freed(cluster: LocalCluster, timeout: float = 60.0) -> Non
     await poll(freed, timeout, "claims deallocated")
 
 
-async def template(cluster: LocalCluster, name: str, **kwargs: Any) -> None:
+async def template(
+    cluster: LocalCluster, name: str, body: dict[str, Any] | None = None, **kwargs: Any
+) -> None:
     try:
-        await cluster.kube.create(templates_path(cluster.namespace), claim_template(name, **kwargs))
+        await cluster.kube.create(
+            templates_path(cluster.namespace), body or claim_template(name, **kwargs)
+        )
     except KubeError as exc:
         if exc.status != 409:  # the same template from an earlier test
             raise
@@ -122,6 +126,46 @@ async def test_cores_and_model_selector(dra: LocalCluster) -> None:
     env = (await dra.admission(pod)).envs["c0"]
     assert env["CUDA_DEVICE_SM_LIMIT"] == "30"
     assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m"
+
+
+async def selector_template(cluster: LocalCluster, name: str, expression: str) -> None:
+    body = claim_template(name, mem=1000)
+    (request,) = body["spec"]["spec"]["devices"]["requests"]
+    request["exactly"]["selectors"] = [{"cel": {"expression": expression}}]
+    await template(cluster, name, body=body)
+
+
+async def test_cel_on_the_published_details(dra: LocalCluster) -> None:
+    """The details attributes (issue 22 item 5) select devices in kube-scheduler's CEL: a
+    compute capability of at least 8.0 (a version compared as SemVer) only the A100s have,
+    an architecture only the T4s have, and the PCIe root as Kubernetes' standard name."""
+    attrs = 'device.attributes["nvidia.hami.io"]'
+    await selector_template(
+        dra, "cc80", f'{attrs}.computeCapability.isGreaterThan(semver("7.9.0"))'
+    )
+    await selector_template(dra, "turing", f'{attrs}.architecture == "Turing"')
+    await selector_template(
+        dra,
+        "cuda12-root0",
+        f'{attrs}.cudaDriverVersion.major() == 12 && {attrs}.driverVersion == semver("550.54.15")'
+        ' && device.attributes["resource.kubernetes.io"].pcieRoot == "pci0000:00"',
+    )
+    placed = {}
+    for name in ("cc80", "turing", "cuda12-root0"):
+        pod = await run_pod(dra, f"p-{name}", [name])
+        (claim,) = await pod_claims(dra, pod)
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        placed[name] = result["pool"]
+    assert placed["cc80"] == A100
+    assert placed["turing"] == T4
+    assert placed["cuda12-root0"] in {A100, T4}
+    # no device matches: the claim is not allocated and the pod stays Pending
+    await selector_template(dra, "blackwell", f'{attrs}.architecture == "Blackwell"')
+    await dra.create_pod(dra_pod("p-blackwell", ["blackwell"]))
+    await asyncio.sleep(3)
+    (pending,) = [p for p in await dra.list_pods() if p["metadata"]["name"] == "p-blackwell"]
+    assert phase_of(pending) == "Pending"
+    assert not pending["spec"].get("nodeName")
 
 
 async def test_two_devices_of_8000(dra: LocalCluster) -> None:

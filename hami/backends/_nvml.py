@@ -74,6 +74,9 @@ def _error_class(nvml: Any, name: str) -> type[BaseException] | tuple[()]:
     return found if isinstance(found, type) and issubclass(found, BaseException) else ()
 
 
+error_class = _error_class  # for the other NVML helper modules
+
+
 # Link scores between GPUs, as Go HAMi's NVIDIA plugin computes them for the node annotation
 # hami.io/node-nvidia-score (topology-aware scheduling): the PCIe path by its common
 # ancestor (NVML topology level -> score) plus 100 per NVLink, direct or through NVSwitch.

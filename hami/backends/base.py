@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from hami.backends.details import DeviceDetails
 from hami.core.requests import NO_ANNOTATIONS, ContainerEnv, NodeReader, PodAnnotator
 from hami.protocol import (
     ContainerDevice,
@@ -53,6 +54,8 @@ class Device:
     numa: int = 0
     healthy: bool = True
     mig: MigCapability | None = None  # registered as a MIG GPU (protocol.md §10)
+    # product, architecture, versions, PCIe place: published as DRA attributes only
+    details: DeviceDetails = field(default_factory=DeviceDetails)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,10 +13,14 @@ the same paths a GPU node does. Options:
     uuid_prefix: GPU-fake-node-a   # default: GPU-fake-{NODE_NAME or hostname}
     type: nvidia        # type word, vendor word and resources can be changed to
     vendor: NVIDIA      # simulate another kind of device
+
+Each device also gets deterministic details for the DRA attributes (architecture and
+compute capability by model, driver versions, PCI address and root): ``fake_details``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from collections.abc import Mapping
@@ -31,6 +35,7 @@ from hami.backends.base import (
     Device,
     ResourceNames,
 )
+from hami.backends.fake_details import fake_details
 from hami.backends.hamicore import HamiCorePaths, hamicore_allocation
 from hami.backends.nvidia_names import (
     NVIDIA_ALLOCATED,
@@ -97,15 +102,14 @@ class FakeBackend(Backend):
                         memory_mib=memory,
                         numa=numa,
                         healthy=healthy,
+                        details=fake_details(model, index, numa, nvidia=self.type_word == "nvidia"),
                     )
                 )
         return devices
 
     async def enumerate(self) -> list[Device]:
         return [
-            Device(
-                d.uuid, d.index, d.model, d.memory_mib, d.numa, self._health.get(d.uuid, d.healthy)
-            )
+            dataclasses.replace(d, healthy=self._health.get(d.uuid, d.healthy))
             for d in self._devices
         ]
 

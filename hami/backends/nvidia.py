@@ -32,6 +32,10 @@ Topology: when the set of GPUs changes, the link score of every pair is read fro
 it, and written with the register value as ``hami.io/node-nvidia-score`` in Go HAMi's
 JSON form, so either scheduler can place ``topology-aware`` pods by it.
 
+Details: each enumeration also reads what the DRA mode publishes as attributes (product
+name, architecture, compute capability, driver and CUDA driver versions, PCI address and
+PCIe root complex from sysfs; ``_nvml_details``); what NVML does not support is left out.
+
 MIG (protocol.md §10, docs/node.md "MIG GPUs"): with ``operating_mode: mig`` a GPU whose
 MIG mode is on registers as Go HAMi 2.10's plugin registers it: mode ``mig``, the allowed
 GPU instance profiles NVML offers with their legal placements, as many slots as the largest
@@ -45,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import os
 import threading
@@ -54,6 +59,7 @@ from typing import Any
 import structlog
 
 from hami.backends import _nvml
+from hami.backends._nvml_details import read_details, read_system
 from hami.backends._nvml_health import watch_events
 from hami.backends._nvml_mig import mig_enabled, read_mig_profiles
 from hami.backends.base import (
@@ -211,7 +217,8 @@ class NvidiaBackend(Backend):
             count = int(nvml.nvmlDeviceGetCount())
         except nvml.NVMLError as exc:
             raise BackendError(f"NVML could not count the GPUs on this node: {exc}") from exc
-        devices = [d for d in (self._read(nvml, index) for index in range(count)) if d]
+        system = read_system(nvml)  # driver and CUDA versions, for every GPU's details
+        devices = [d for d in (self._read(nvml, index, system) for index in range(count)) if d]
         devices.sort(key=lambda d: d.index)
         if self.topology_score:
             self._score_topology(nvml, devices)
@@ -246,7 +253,7 @@ class NvidiaBackend(Backend):
             return {}
         return {score_key(self.type_word): self._score_value}
 
-    def _read(self, nvml: Any, index: int) -> Device | None:
+    def _read(self, nvml: Any, index: int, system: tuple[str | None, str | None]) -> Device | None:
         uuid: str | None = None
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
@@ -272,6 +279,9 @@ class NvidiaBackend(Backend):
             numa=_nvml.numa_node(self.sysfs_root, bus_id),
             healthy=uuid not in self._unhealthy,
             mig=mig,
+            details=read_details(
+                nvml, handle, name=name, bus_id=bus_id, sysfs_root=self.sysfs_root, system=system
+            ),
         )
         self._by_index[index] = device
         return device
@@ -324,7 +334,7 @@ class NvidiaBackend(Backend):
         log.warning("nvidia.device_unhealthy", index=index, uuid=uuid, error=str(exc))
         self._unhealthy.add(uuid)
         if known is not None and known.uuid == uuid:
-            return Device(uuid, index, known.model, known.memory_mib, known.numa, False, known.mig)
+            return dataclasses.replace(known, healthy=False)
         return Device(uuid, index, "NVIDIA-unknown", 0, 0, healthy=False)
 
     # Allocation

@@ -23,6 +23,7 @@ from typing import Any
 from hami.backends.base import Backend, Device
 from hami.core.requests import parse_quantity
 from hami.dra import names
+from hami.dra.attributes import detail_attributes
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_CORES = 100
@@ -53,6 +54,7 @@ def device_entry(backend: Backend, device: Device) -> JSON:
             "numa": _attr_int(device.numa),
             "index": _attr_int(device.index),
             "healthy": {"bool": device.healthy},
+            **detail_attributes(device.details),
         },
         "capacity": {
             "memory": {
