@@ -1,7 +1,7 @@
-"""The Iluvatar and Moore Threads cases of tests/data/go-vendor-vectors.json (issue 24): what
-HAMi v2.10's own device functions returned (``GetNodeDevices``, ``MutateAdmission`` +
-``GenerateResourceRequests``, ``PatchAnnotations``, ``Fit``) for each type of Go's chart,
-against this project's backends found through their entry points.
+"""The Iluvatar, Moore Threads and Kunlunxin cases of tests/data/go-vendor-vectors.json
+(issue 24): what HAMi v2.10's own device functions returned (``GetNodeDevices``,
+``MutateAdmission`` + ``GenerateResourceRequests``, ``PatchAnnotations``, ``Fit``) for each
+type of Go's chart, against this project's backends found through their entry points.
 
 Both ways: a node annotated as the vendor's plug-in annotates it is read here as Go reads it;
 a container is taken, rewritten by the webhook (resources and environment) and asked for as
@@ -25,16 +25,17 @@ from hami.backends import registry
 from hami.backends.base import Backend, BackendError
 from hami.backends.iluvatar import BACKENDS as ILUVATAR_CLASSES
 from hami.backends.iluvatar import IluvatarBackend
+from hami.backends.kunlun import KunlunBackend, XpuBackend
 from hami.backends.mthreads import MthreadsBackend
 from hami.core.fit import fit_container
 from hami.core.requests import (
-    NO_SELECTORS,
     DeviceKind,
     RequestError,
     asks_for,
     container_resources,
     parse_device_request,
     parse_quantity,
+    parse_selectors,
 )
 from hami.core.usage import DeviceState
 from hami.protocol import ContainerDevice, ProtocolError, encode_pod_devices
@@ -42,7 +43,7 @@ from hami.scheduler.webhook import mutations
 
 GO: dict[str, Any] = data_json("go-vendor-vectors.json")
 BACKENDS: dict[str, Backend] = {
-    word: registry.create(word) for word in (*ILUVATAR_CLASSES, "mthreads")
+    word: registry.create(word) for word in (*ILUVATAR_CLASSES, "mthreads", "kunlun", "XPU")
 }
 KINDS = {word: DeviceKind.from_backend(b) for word, b in BACKENDS.items()}
 WHOLE = 100  # Go's Fit gives a device at most 100 % of its cores
@@ -63,10 +64,6 @@ REQUESTS_ONLY = (
     "a device named only in requests is taken by the webhook (the API server refuses it anyway: "
     "extended resources need limits); Go's webhook reads limits only"
 )
-COUNT_ZERO = (
-    "a count of 0 asks for nothing and the webhook writes nothing; Go's webhook still sets "
-    "SOL_CONTINER_NAME"
-)
 JSON_READ = (
     "one register reader for every type: the JSON form is read for Iluvatar too, where Go "
     "reads only the 7-field form its plug-in writes"
@@ -79,7 +76,6 @@ DELIBERATE: dict[str, dict[str, str]] = {
         "iluvatar-BI-V150-memory-negative": REFUSED,
         "iluvatar-BI-V150-memory-fraction": REFUSED,
         "iluvatar-BI-V150-cores-150": CORES_OVER,
-        "iluvatar-BI-V150-count-zero": COUNT_ZERO,
         "iluvatar-BI-V150-memory-only": DEFAULT_COUNT,
         "iluvatar-BI-V150-requests-only": REQUESTS_ONLY,
     },
@@ -101,6 +97,30 @@ DELIBERATE["containers"]["mthreads-memory-only"] = DEFAULT_COUNT
 # node) are not written yet (backends' pod annotations see neither); the to-allocate key,
 # which Go registers but does not write for Moore Threads, is written as for every vendor.
 NOT_WRITTEN = ("mthreads.com/predicate-time", "mthreads.com/predicate-node")
+# Kunlunxin: the webhook's refusals and defaults as for every vendor.
+DELIBERATE["containers"].update(
+    {
+        "kunlun-requests-only": REQUESTS_ONLY,
+        "xpu-requests-only": REQUESTS_ONLY,
+        "xpu-memory-only": DEFAULT_COUNT,
+        "xpu-memory-zero": REFUSED,
+    }
+)
+# Go's whole-card kunlun type registers no to-allocate key and writes none; it is written
+# here as for every vendor.
+NO_TO_ALLOCATE = ("mthreads", "kunlun")
+
+
+def _as_placed(vendor: str, request: dict[str, Any]) -> dict[str, Any]:
+    """Go's Kunlunxin request as its Fit places it: a ``kunlun`` card is given whole (Go
+    asks 0 cores and its Fit gives each card all of them, 100 %); an ``XPU`` request with
+    no memory asks 100 % of the memory (Go writes a card's 98304 MiB beside the 100 %,
+    and its Fit gives that)."""
+    if vendor == "kunlun" and request["nums"] > 0:
+        return {**request, "coresreq": WHOLE}
+    if vendor == "XPU" and request["mempercentagereq"] == WHOLE:
+        return {**request, "memreq": 0}
+    return request
 
 
 def _cases(section: str) -> list[Any]:
@@ -168,8 +188,33 @@ def test_moore_threads_has_gos_keys_and_names() -> None:
     )
 
 
+def test_kunlunxin_has_gos_keys_and_names() -> None:
+    keys, config = GO["keys"]["kunlun"], GO["about"]["config"]["kunlun"]
+    whole, shared = BACKENDS["kunlun"], BACKENDS["XPU"]
+    assert isinstance(whole, KunlunBackend) and isinstance(shared, XpuBackend)
+    assert whole.allocated_key == keys["kunlun"]["allocated"]
+    assert (shared.to_allocate_key, shared.allocated_key) == (
+        keys["XPU"]["to_allocate"],
+        keys["XPU"]["allocated"],
+    )
+    assert KINDS["XPU"].heartbeat_keys() == (keys["XPU"]["handshake"],)
+    assert KINDS["XPU"].register_annotation() == GO["keys"]["xpu_register"]
+    assert whole.resources.all() == [config["ResourceCountName"]]
+    assert shared.resources.all() == [config["ResourceVCountName"], config["ResourceVMemoryName"]]
+    assert (KINDS["kunlun"].annotation("use-uuid"), KINDS["XPU"].annotation("use-uuid")) == (
+        "baidu.com/use-gpuuuid",
+        "hami.io/use-xpu-uuid",
+    )
+
+
 @pytest.mark.parametrize(
-    ("word", "vendor"), [("BI-V150", "Iluvatar"), ("mthreads", "Moore Threads")]
+    ("word", "vendor"),
+    [
+        ("BI-V150", "Iluvatar"),
+        ("mthreads", "Moore Threads"),
+        ("kunlun", "Kunlunxin"),
+        ("XPU", "Kunlunxin"),
+    ],
 )
 def test_a_node_agent_cannot_serve_them(word: str, vendor: str) -> None:
     with pytest.raises(BackendError, match=f"no node side for {vendor}"):
@@ -228,8 +273,8 @@ def _ours(case: dict[str, Any]) -> tuple[bool, Any, dict[str, int], dict[str, st
     limits = (after.get("resources") or {}).get("limits") or {}
     written = {n: parse_quantity(v) for n, v in limits.items() if n in kind.resources.all()}
     env = {e["name"]: e["value"] for e in after.get("env") or []}
-    if found is None:
-        return taken, None, written, env
+    if found is None:  # no request: what the webhook left asks for nothing, as on Go's side
+        return taken, None, {}, env
     request = {
         "nums": found.count,
         "type": found.vendor,
@@ -253,7 +298,7 @@ def test_containers_are_taken_rewritten_and_asked_for_as_go_does(case: dict[str,
         agrees = taken and isinstance(request, str)
         detail = f"ours {request}; go refused: {go['mutate_error']}"
     else:
-        after = dict(go["request_after"])
+        after = _as_placed(case["vendor"], dict(go["request_after"]))
         after["coresreq"] = min(after["coresreq"], WHOLE)
         go_request = after if after["nums"] > 0 else None
         go_written = {}  # no request: what the webhook wrote asks for nothing
@@ -295,6 +340,7 @@ def test_pod_values_are_written_as_go_writes_them(case: dict[str, Any]) -> None:
     go = dict(case["go"]["annotations"])
     if case["vendor"] == "mthreads":
         assert [go.pop(key) for key in NOT_WRITTEN] == ["<unix nanoseconds>", ""]
+    if case["vendor"] in NO_TO_ALLOCATE:
         assert kind.to_allocate_key not in go
         ours.pop(kind.to_allocate_key, None)
     _judge("pod_values", case, ours == go, f"ours {ours}; go {go}")
@@ -325,18 +371,22 @@ def _states(case: dict[str, Any]) -> list[DeviceState]:
 @pytest.mark.parametrize("case", _cases("fits"))
 def test_requests_get_the_devices_gos_fit_gives(case: dict[str, Any]) -> None:
     """Fit or not as Go's Fit decides, and where Go fits, the devices Go gives (as a set:
-    the order among equal devices is the node policy's), each with Go's memory and cores."""
+    the order among equal devices is the node policy's), each with Go's memory and cores.
+    The pod's uuid selectors and ``hami.io/gpu-scheduler-policy`` apply as Go reads them."""
     kind = KINDS[case["vendor"]]
     resources = container_resources(case["container"])
     go = case["go"]
+    annotations = case.get("pod_annotations") or {}
+    policy = annotations.get("hami.io/gpu-scheduler-policy", "spread")
     try:
-        request = parse_device_request(resources, kind, "c", case.get("pod_annotations") or {})
+        request = parse_device_request(resources, kind, "c", annotations)
     except RequestError as exc:
         assert "mutate_error" in go, f"ours refused ({exc}), Go took it"
         return
     assert "mutate_error" not in go, "Go refused the container, ours took it"
     assert request is not None
-    chosen = fit_container(_states(case), request, NO_SELECTORS, {}, "spread")
+    selectors = parse_selectors(annotations, kind)
+    chosen = fit_container(_states(case), request, selectors, {}, policy)
     ours = None if chosen is None else sorted((d.uuid, mib, request.cores) for d, mib in chosen)
     answers = [
         sorted((d["uuid"], d["usedmem"], d["usedcores"]) for d in a["devices"])

@@ -233,6 +233,8 @@ def fit_container(
         memory = request.memory_on(device.total_memory)
         score = _device_score(device, memory, request.cores, extra, weights)
         fitting.append((_sort_key(policy, score, device), device.index, device, memory))
+    if request.pick is not None and len(fitting) >= request.count:
+        return _picked(devices, fitting, request, overlay, reasons)
     if len(fitting) < request.count:
         if reasons is not None and fitting:
             reasons[INSUFFICIENT_DEVICES] += len(fitting)
@@ -259,6 +261,26 @@ def fit_container(
 
 
 Pick = tuple[DeviceState, int]  # a device and the MiB it gives
+
+
+def _picked(
+    devices: Sequence[DeviceState],
+    fitting: Sequence[tuple[tuple[float, ...], int, DeviceState, int]],
+    request: DeviceRequest,
+    overlay: Mapping[str, Use],
+    reasons: Counter[str] | None,
+) -> list[Pick] | None:
+    """The devices the request's own picker (``DeviceRequest.pick``) chooses among the
+    fitting ones; ``NumaNotFit`` for each fitting device when it chooses none."""
+    assert request.pick is not None
+    memory = {id(device): mib for _key, _index, device, mib in fitting}
+    fits = [id(device) in memory for device in devices]
+    chosen = request.pick(devices, fits, request, overlay or {})
+    if not chosen or not all(fits[position] for position in chosen):
+        if reasons is not None:
+            reasons[NUMA_NOT_FIT] += len(fitting)
+        return None
+    return [(devices[position], memory[id(devices[position])]) for position in chosen]
 
 
 def _whole_modules(ranked: Sequence[Pick], count: int, module: int) -> list[Pick] | None:

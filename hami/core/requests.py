@@ -27,11 +27,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hami.protocol import ContainerDevice, NodeDevice, keys
 from hami.protocol.objects import annotations_of, pod_containers, pod_key
 from hami.protocol.resources import ResourceNames
+
+if TYPE_CHECKING:
+    from hami.core.usage import DeviceState, Use
 
 # hami.io/node-scheduler-policy words; defrag is this project's (hami.core.defragpolicy)
 NODE_POLICIES = ("binpack", "spread", "defrag")
@@ -84,6 +87,22 @@ class RequestRule(Protocol):
     def __call__(
         self, request: DeviceRequest, annotations: Mapping[str, str], where: str
     ) -> DeviceRequest: ...
+
+
+class DevicePicker(Protocol):
+    """A vendor's own choice among a node's devices (``DeviceRequest.pick``: Kunlunxin card
+    sets, ``hami.core.cardsets``): the node's devices in order, whether each fits the request
+    by the generic rules (and ``mutex``), the request and what the pod's earlier containers
+    take (uuid -> use) -> the positions in ``devices`` of the devices chosen, None when the
+    request does not fit."""
+
+    def __call__(
+        self,
+        devices: Sequence[DeviceState],
+        fits: Sequence[bool],
+        request: DeviceRequest,
+        overlay: Mapping[str, Use],
+    ) -> list[int] | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +234,9 @@ class DeviceRequest:
     # Devices come in modules of this many (consecutive indices, index // module): a request
     # takes whole modules only (Ascend 910C: 2 NPUs per module). 1: any devices.
     module: int = 1
+    # The vendor's own choice of devices (``DevicePicker``), set by its request rule; None:
+    # the policy's ranking picks.
+    pick: DevicePicker | None = None
 
     def memory_on(self, device_memory: int) -> int:
         if self.memory_percentage is None:

@@ -1,10 +1,12 @@
 // Command vendors hands the inputs of cases.json to Go HAMi's own device functions for the
 // vendors this project models besides NVIDIA (Cambricon MLU as Go HAMi 2.10 reads it from
-// kubelet capacity, Hygon DCU, every Huawei Ascend and Iluvatar type of Go HAMi's chart, Moore Threads): how
+// kubelet capacity, Hygon DCU, every Huawei Ascend and Iluvatar type of Go HAMi's chart, Moore Threads,
+// Kunlunxin's kunlun and XPU types): how
 // a Node's devices are read (GetNodeDevices), whether the webhook takes a container, what it
 // writes into it and what it asks for (MutateAdmission, GenerateResourceRequests), the pod
-// annotations a decision writes (PatchAnnotations) and, for Ascend, Iluvatar and Moore Threads, which
-// devices of a node a request gets (Fit: vNPU templates, 910C modules, whole devices). It writes what each returned,
+// annotations a decision writes (PatchAnnotations) and, for Ascend, Iluvatar, Moore Threads and
+// Kunlunxin, which devices of a node a request gets (Fit: vNPU templates, 910C modules, whole
+// devices, Kunlunxin card sets). It writes what each returned,
 // so that this project's readers and writers can be compared with Go HAMi case by case
 // (tests/test_go_vendor_vectors.py). It is built against an unpacked Go HAMi tree by
 // scripts/gen-go-vectors.sh; nothing of Go HAMi is copied into this repository.
@@ -29,6 +31,7 @@ import (
 	"github.com/Project-HAMi/HAMi/pkg/device/cambricon"
 	"github.com/Project-HAMi/HAMi/pkg/device/hygon"
 	"github.com/Project-HAMi/HAMi/pkg/device/iluvatar"
+	"github.com/Project-HAMi/HAMi/pkg/device/kunlun"
 	"github.com/Project-HAMi/HAMi/pkg/device/mthreads"
 	"github.com/Project-HAMi/HAMi/pkg/util"
 )
@@ -42,7 +45,11 @@ const functions = "CambriconDevices.GetNodeDevices, CambriconDevices.MutateAdmis
 	"IluvatarDevices.GetNodeDevices, IluvatarDevices.MutateAdmission, " +
 	"IluvatarDevices.GenerateResourceRequests, IluvatarDevices.PatchAnnotations, IluvatarDevices.Fit, " +
 	"MthreadsDevices.GetNodeDevices, MthreadsDevices.MutateAdmission, " +
-	"MthreadsDevices.GenerateResourceRequests, MthreadsDevices.PatchAnnotations, MthreadsDevices.Fit"
+	"MthreadsDevices.GenerateResourceRequests, MthreadsDevices.PatchAnnotations, MthreadsDevices.Fit, " +
+	"KunlunDevices.GetNodeDevices, KunlunDevices.MutateAdmission, " +
+	"KunlunDevices.GenerateResourceRequests, KunlunDevices.PatchAnnotations, KunlunDevices.Fit, " +
+	"KunlunVDevices.GetNodeDevices, KunlunVDevices.MutateAdmission, " +
+	"KunlunVDevices.GenerateResourceRequests, KunlunVDevices.PatchAnnotations, KunlunVDevices.Fit"
 
 // predicateTime stands for the value Ascend's PatchAnnotations writes under "predicate-time"
 // (the time of the call), so that the file does not change with every run.
@@ -207,6 +214,18 @@ func run(casesPath, outPath, commit, command, goVersion string) error {
 	mthreadsDevices := mthreads.InitMthreadsDevice(mthreadsConfig)
 	vendors["mthreads"] = vendor{mthreadsDevices, mthreads.MthreadsGPUDevice}
 	fitters["mthreads"] = mthreadsDevices
+	// Kunlunxin's two types share one configuration (the chart's kunlun* values).
+	kunlunConfig := kunlun.KunlunConfig{
+		ResourceCountName:   "kunlunxin.com/xpu",
+		ResourceVCountName:  "kunlunxin.com/vxpu",
+		ResourceVMemoryName: "kunlunxin.com/vxpu-memory",
+	}
+	kunlunDevices := kunlun.InitKunlunDevice(kunlunConfig)
+	vendors[kunlun.KunlunGPUDevice] = vendor{kunlunDevices, kunlun.KunlunGPUDevice}
+	fitters[kunlun.KunlunGPUDevice] = kunlunDevices
+	xpuDevices := kunlun.InitKunlunVDevice(kunlunConfig)
+	vendors[kunlun.XPUDevice] = vendor{xpuDevices, kunlun.XPUDevice}
+	fitters[kunlun.XPUDevice] = xpuDevices
 	iluvatarWords := []string{}
 	for _, dev := range iluvatar.InitIluvatarDevice(iluvatarConfig()) {
 		vendors[dev.CommonWord()] = vendor{dev, dev.CommonWord()}
@@ -243,6 +262,7 @@ func run(casesPath, outPath, commit, command, goVersion string) error {
 				"mthreads": obj{"resourceCountName": mthreadsConfig.ResourceCountName,
 					"resourceMemoryName": mthreadsConfig.ResourceMemoryName,
 					"resourceCoreName":   mthreadsConfig.ResourceCoreName},
+				"kunlun": kunlunConfig,
 			},
 			"note": "every 'go' field is what HAMi's own function returned for the case's input",
 		},
@@ -259,6 +279,8 @@ func run(casesPath, outPath, commit, command, goVersion string) error {
 			"ascend":                ascendKeys(ascendDevices),
 			"iluvatar":              commonWordKeys(iluvatarWords),
 			"mthreads":              commonWordKeys([]string{mthreads.MthreadsGPUDevice}),
+			"kunlun":                commonWordKeys([]string{kunlun.KunlunGPUDevice, kunlun.XPUDevice}),
+			"xpu_register":          kunlun.RegisterAnnos,
 		},
 	}
 
