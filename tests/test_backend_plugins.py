@@ -100,7 +100,7 @@ def test_unknown_backend_lists_the_installed_ones() -> None:
         registry.create("nvdia")
     message = str(err.value)
     assert "unknown backend 'nvdia'" in message
-    assert "XPU, dcu, fake, kunlun, mlu, mthreads, nvidia" in message
+    assert "Metax-GPU, Metax-SGPU, XPU, dcu, fake, kunlun, mlu, mthreads, nvidia" in message
 
 
 def test_broken_plugins_are_errors_not_crashes(

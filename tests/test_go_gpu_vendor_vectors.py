@@ -1,4 +1,4 @@
-"""The Iluvatar, Moore Threads and Kunlunxin cases of tests/data/go-vendor-vectors.json
+"""The Iluvatar, Moore Threads, Kunlunxin and MetaX cases of tests/data/go-vendor-vectors.json
 (issue 24): what HAMi v2.10's own device functions returned (``GetNodeDevices``,
 ``MutateAdmission`` + ``GenerateResourceRequests``, ``PatchAnnotations``, ``Fit``) for each
 type of Go's chart, against this project's backends found through their entry points.
@@ -26,6 +26,7 @@ from hami.backends.base import Backend, BackendError
 from hami.backends.iluvatar import BACKENDS as ILUVATAR_CLASSES
 from hami.backends.iluvatar import IluvatarBackend
 from hami.backends.kunlun import KunlunBackend, XpuBackend
+from hami.backends.metax import MetaxGpuBackend, MetaxSgpuBackend
 from hami.backends.mthreads import MthreadsBackend
 from hami.core.fit import fit_container
 from hami.core.requests import (
@@ -42,9 +43,8 @@ from hami.protocol import ContainerDevice, ProtocolError, encode_pod_devices
 from hami.scheduler.webhook import mutations
 
 GO: dict[str, Any] = data_json("go-vendor-vectors.json")
-BACKENDS: dict[str, Backend] = {
-    word: registry.create(word) for word in (*ILUVATAR_CLASSES, "mthreads", "kunlun", "XPU")
-}
+WORDS = (*ILUVATAR_CLASSES, "mthreads", "kunlun", "XPU", "Metax-GPU", "Metax-SGPU")
+BACKENDS: dict[str, Backend] = {word: registry.create(word) for word in WORDS}
 KINDS = {word: DeviceKind.from_backend(b) for word, b in BACKENDS.items()}
 WHOLE = 100  # Go's Fit gives a device at most 100 % of its cores
 
@@ -106,6 +106,22 @@ DELIBERATE["containers"].update(
         "xpu-memory-zero": REFUSED,
     }
 )
+# MetaX: as for every vendor, and Go's sGPU request rules.
+DELIBERATE["containers"].update(
+    {
+        "metax-gpu-requests-only": REQUESTS_ONLY,
+        "metax-sgpu-requests-only": REQUESTS_ONLY,
+        "metax-sgpu-memory-only": DEFAULT_COUNT,
+        "metax-sgpu-memory-zero": REFUSED,
+        "metax-sgpu-count-negative": REFUSED,
+        "metax-sgpu-cores-150": (
+            "vcore above 100 is refused with what to fix; Go takes it and no GPU fits it"
+        ),
+    }
+)
+# MetaX's metax-tech.com/predicate-time (the time of the decision) is not written (as for
+# Moore Threads, a backend's pod annotations see no clock).
+METAX_NOT_WRITTEN = "metax-tech.com/predicate-time"
 # Go's whole-card kunlun type registers no to-allocate key and writes none; it is written
 # here as for every vendor.
 NO_TO_ALLOCATE = ("mthreads", "kunlun")
@@ -207,6 +223,31 @@ def test_kunlunxin_has_gos_keys_and_names() -> None:
     )
 
 
+def test_metax_has_gos_keys_and_names() -> None:
+    keys, config = GO["keys"]["metax"], GO["about"]["config"]["metax"]
+    whole, shared = BACKENDS["Metax-GPU"], BACKENDS["Metax-SGPU"]
+    assert isinstance(whole, MetaxGpuBackend) and isinstance(shared, MetaxSgpuBackend)
+    for backend in (whole, shared):
+        word = backend.type_word
+        assert (backend.to_allocate_key, backend.allocated_key, backend.vendor_word) == (
+            keys[word]["to_allocate"],
+            keys[word]["allocated"],
+            word,
+        )
+        assert (KINDS[word].annotation("use-uuid"), KINDS[word].annotation("nouse-uuid")) == (
+            "metax-tech.com/use-gpuuuid",
+            "metax-tech.com/nouse-gpuuuid",
+        )
+    assert whole.resources.all() == [config["ResourceCountName"]]
+    assert shared.resources.all() == [
+        config["ResourceVCountName"],
+        config["ResourceVMemoryName"],
+        config["ResourceVCoreName"],
+    ]
+    assert GO["keys"]["metax_node_devices"] == "metax-tech.com/node-gpu-devices"
+    assert GO["keys"]["metax_allocated"] == "metax-tech.com/gpu-devices-allocated"
+
+
 @pytest.mark.parametrize(
     ("word", "vendor"),
     [
@@ -214,6 +255,8 @@ def test_kunlunxin_has_gos_keys_and_names() -> None:
         ("mthreads", "Moore Threads"),
         ("kunlun", "Kunlunxin"),
         ("XPU", "Kunlunxin"),
+        ("Metax-GPU", "MetaX"),
+        ("Metax-SGPU", "MetaX"),
     ],
 )
 def test_a_node_agent_cannot_serve_them(word: str, vendor: str) -> None:
@@ -340,6 +383,8 @@ def test_pod_values_are_written_as_go_writes_them(case: dict[str, Any]) -> None:
     go = dict(case["go"]["annotations"])
     if case["vendor"] == "mthreads":
         assert [go.pop(key) for key in NOT_WRITTEN] == ["<unix nanoseconds>", ""]
+    if case["vendor"] == "Metax-SGPU":
+        assert go.pop(METAX_NOT_WRITTEN) == "<unix nanoseconds>"
     if case["vendor"] in NO_TO_ALLOCATE:
         assert kind.to_allocate_key not in go
         ours.pop(kind.to_allocate_key, None)
@@ -363,6 +408,7 @@ def _states(case: dict[str, Any]) -> list[DeviceState]:
             used=d["used"],
             used_memory=d["usedmem"],
             used_cores=d["usedcores"],
+            mode=d.get("qos_policy") or "hami-core",  # MetaX: the QoS policy as the mode
         )
         for d in case["devices"]
     ]

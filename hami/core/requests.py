@@ -72,6 +72,11 @@ class PodAnnotator(Protocol):
     ) -> Mapping[str, str]: ...
 
 
+MemoryReader = Callable[[Any], int]
+"""A backend's ``read_memory``: the memory resource's quantity as written -> MiB per device,
+where its unit decides the scale (MetaX: a bare number is GiB, a number with a unit bytes);
+raises ValueError when it is not a quantity."""
+
 ContainerEnv = Callable[[Mapping[str, Any]], Mapping[str, str]]
 """A backend's ``container_env``: a container (a dict) -> environment variables Go HAMi's
 webhook sets in it when it asks for the backend's type (Iluvatar: ``SOL_CONTINER_NAME``)."""
@@ -156,6 +161,9 @@ class DeviceKind:
     # Environment variables the webhook sets in a container asking for this kind
     # (``ContainerEnv``); None: none.
     container_env: ContainerEnv | None = None
+    # How the memory resource is read (``MemoryReader``: its unit decides the scale, and the
+    # webhook never rewrites it); None: whole ``memory_unit_mib`` units.
+    memory_reader: MemoryReader | None = None
 
     def heartbeat_keys(self) -> tuple[str, ...]:
         return self.handshake_keys or keys.handshake_keys(self.type_word)
@@ -218,6 +226,7 @@ class DeviceKind:
             cores_per_container=bool(getattr(backend, "cores_per_container", False)),
             memory_per_container=bool(getattr(backend, "memory_per_container", False)),
             container_env=getattr(backend, "env_writer", None),
+            memory_reader=getattr(backend, "read_memory", None),
         )
 
 
@@ -409,6 +418,11 @@ def parse_device_request(
 
     count = number(names.count)
     memory = number(names.memory)
+    if memory is not None and kind.memory_reader is not None and names.memory is not None:
+        try:
+            memory = kind.memory_reader(present[names.memory])
+        except ValueError as exc:
+            raise RequestError(f"{where}: {names.memory}: {exc}") from None
     percentage = number(names.memory_percentage)
     cores = number(names.cores)
     if count is None:
@@ -420,7 +434,8 @@ def parse_device_request(
     if memory is not None:
         if memory <= 0:
             raise RequestError(f"{where}: {names.memory} must be > 0, got {memory}")
-        memory *= names.memory_unit_mib
+        if kind.memory_reader is None:
+            memory *= names.memory_unit_mib
         percentage = None
     elif percentage is not None:
         if not 1 <= percentage <= 100:

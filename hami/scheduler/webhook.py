@@ -266,7 +266,7 @@ def written(
     out: dict[str, str] = {}
     if _quantity(resources.get(names.count)) != request.count:
         out[names.count] = str(request.count)
-    if names.memory and request.memory_percentage is None:
+    if names.memory and request.memory_percentage is None and kind.memory_reader is None:
         memory = request.memory // names.memory_unit_mib
         if kind.memory_per_container:
             memory *= request.count  # the resource holds all the devices' memory

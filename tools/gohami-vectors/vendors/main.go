@@ -1,12 +1,12 @@
 // Command vendors hands the inputs of cases.json to Go HAMi's own device functions for the
 // vendors this project models besides NVIDIA (Cambricon MLU as Go HAMi 2.10 reads it from
 // kubelet capacity, Hygon DCU, every Huawei Ascend and Iluvatar type of Go HAMi's chart, Moore Threads,
-// Kunlunxin's kunlun and XPU types): how
+// Kunlunxin's kunlun and XPU types, MetaX's Metax-GPU and Metax-SGPU types): how
 // a Node's devices are read (GetNodeDevices), whether the webhook takes a container, what it
 // writes into it and what it asks for (MutateAdmission, GenerateResourceRequests), the pod
-// annotations a decision writes (PatchAnnotations) and, for Ascend, Iluvatar, Moore Threads and
-// Kunlunxin, which devices of a node a request gets (Fit: vNPU templates, 910C modules, whole
-// devices, Kunlunxin card sets). It writes what each returned,
+// annotations a decision writes (PatchAnnotations) and, for Ascend, Iluvatar, Moore Threads,
+// Kunlunxin and MetaX, which devices of a node a request gets (Fit: vNPU templates, 910C modules, whole
+// devices, Kunlunxin card sets, MetaX QoS policies). It writes what each returned,
 // so that this project's readers and writers can be compared with Go HAMi case by case
 // (tests/test_go_vendor_vectors.py). It is built against an unpacked Go HAMi tree by
 // scripts/gen-go-vectors.sh; nothing of Go HAMi is copied into this repository.
@@ -32,6 +32,7 @@ import (
 	"github.com/Project-HAMi/HAMi/pkg/device/hygon"
 	"github.com/Project-HAMi/HAMi/pkg/device/iluvatar"
 	"github.com/Project-HAMi/HAMi/pkg/device/kunlun"
+	"github.com/Project-HAMi/HAMi/pkg/device/metax"
 	"github.com/Project-HAMi/HAMi/pkg/device/mthreads"
 	"github.com/Project-HAMi/HAMi/pkg/util"
 )
@@ -49,11 +50,19 @@ const functions = "CambriconDevices.GetNodeDevices, CambriconDevices.MutateAdmis
 	"KunlunDevices.GetNodeDevices, KunlunDevices.MutateAdmission, " +
 	"KunlunDevices.GenerateResourceRequests, KunlunDevices.PatchAnnotations, KunlunDevices.Fit, " +
 	"KunlunVDevices.GetNodeDevices, KunlunVDevices.MutateAdmission, " +
-	"KunlunVDevices.GenerateResourceRequests, KunlunVDevices.PatchAnnotations, KunlunVDevices.Fit"
+	"KunlunVDevices.GenerateResourceRequests, KunlunVDevices.PatchAnnotations, KunlunVDevices.Fit, " +
+	"MetaxDevices.GetNodeDevices, MetaxDevices.MutateAdmission, " +
+	"MetaxDevices.GenerateResourceRequests, MetaxDevices.PatchAnnotations, MetaxDevices.Fit, " +
+	"MetaxSDevices.GetNodeDevices, MetaxSDevices.MutateAdmission, " +
+	"MetaxSDevices.GenerateResourceRequests, MetaxSDevices.PatchAnnotations, MetaxSDevices.Fit"
 
 // predicateTime stands for the value Ascend's PatchAnnotations writes under "predicate-time"
 // (the time of the call), so that the file does not change with every run.
 const predicateTime = "<unix seconds>"
+
+// metaxPredicateTime stands for the time of the call MetaX's sGPU PatchAnnotations writes under
+// metax-tech.com/predicate-time.
+const metaxPredicateTime = "<unix nanoseconds>"
 
 // mthreadsPredicateTime stands for the time of the call Moore Threads' PatchAnnotations
 // writes under mthreads.com/predicate-time.
@@ -134,6 +143,8 @@ type fitDevice struct {
 	Usedcores int32  `json:"usedcores"`
 	Health    bool   `json:"health"`
 	NetworkID *int   `json:"network_id,omitempty"`
+	// The QoS policy a MetaX sGPU reports (CustomInfo "QosPolicy"); absent: none.
+	QosPolicy *string `json:"qos_policy,omitempty"`
 }
 
 // fitRuns is how often each Fit case runs: Go picks among equally full 910C modules in map
@@ -226,6 +237,19 @@ func run(casesPath, outPath, commit, command, goVersion string) error {
 	xpuDevices := kunlun.InitKunlunVDevice(kunlunConfig)
 	vendors[kunlun.XPUDevice] = vendor{xpuDevices, kunlun.XPUDevice}
 	fitters[kunlun.XPUDevice] = xpuDevices
+	// MetaX's two types share one configuration (the chart's metax values).
+	metaxConfig := metax.MetaxConfig{
+		ResourceCountName:   "metax-tech.com/gpu",
+		ResourceVCountName:  "metax-tech.com/sgpu",
+		ResourceVMemoryName: "metax-tech.com/vmemory",
+		ResourceVCoreName:   "metax-tech.com/vcore",
+	}
+	metaxDevices := metax.InitMetaxDevice(metaxConfig)
+	vendors[metax.MetaxGPUDevice] = vendor{metaxDevices, metax.MetaxGPUDevice}
+	fitters[metax.MetaxGPUDevice] = metaxDevices
+	metaxSDevices := metax.InitMetaxSDevice(metaxConfig)
+	vendors[metax.MetaxSGPUDevice] = vendor{metaxSDevices, metax.MetaxSGPUDevice}
+	fitters[metax.MetaxSGPUDevice] = metaxSDevices
 	iluvatarWords := []string{}
 	for _, dev := range iluvatar.InitIluvatarDevice(iluvatarConfig()) {
 		vendors[dev.CommonWord()] = vendor{dev, dev.CommonWord()}
@@ -263,6 +287,7 @@ func run(casesPath, outPath, commit, command, goVersion string) error {
 					"resourceMemoryName": mthreadsConfig.ResourceMemoryName,
 					"resourceCoreName":   mthreadsConfig.ResourceCoreName},
 				"kunlun": kunlunConfig,
+				"metax":  metaxConfig,
 			},
 			"note": "every 'go' field is what HAMi's own function returned for the case's input",
 		},
@@ -281,6 +306,9 @@ func run(casesPath, outPath, commit, command, goVersion string) error {
 			"mthreads":              commonWordKeys([]string{mthreads.MthreadsGPUDevice}),
 			"kunlun":                commonWordKeys([]string{kunlun.KunlunGPUDevice, kunlun.XPUDevice}),
 			"xpu_register":          kunlun.RegisterAnnos,
+			"metax":                 commonWordKeys([]string{metax.MetaxGPUDevice, metax.MetaxSGPUDevice}),
+			"metax_node_devices":    metax.MetaxSDeviceAnno,
+			"metax_allocated":       metax.MetaxAllocatedSDevices,
 		},
 	}
 
@@ -366,6 +394,9 @@ func run(casesPath, outPath, commit, command, goVersion string) error {
 		v.devices.PatchAnnotations(pod, &annotations, device.PodDevices{v.typeWord: single})
 		if _, ok := annotations["predicate-time"]; ok {
 			annotations["predicate-time"] = predicateTime
+		}
+		if _, ok := annotations[metax.MetaxPredicateTime]; ok {
+			annotations[metax.MetaxPredicateTime] = metaxPredicateTime
 		}
 		if _, ok := annotations[mthreads.MthreadsPredicateTime]; ok {
 			annotations[mthreads.MthreadsPredicateTime] = mthreadsPredicateTime
@@ -469,6 +500,9 @@ func fitOut(dev fitter, devices []fitDevice, ctr corev1.Container, podAnnos, nod
 			var custom map[string]any
 			if d.NetworkID != nil {
 				custom = map[string]any{"NetworkID": float64(*d.NetworkID)}
+			}
+			if d.QosPolicy != nil {
+				custom = map[string]any{"QosPolicy": *d.QosPolicy}
 			}
 			usage = append(usage, &device.DeviceUsage{
 				ID: d.ID, Index: d.Index, Used: d.Used, Count: d.Count, Usedmem: d.Usedmem,
