@@ -246,3 +246,83 @@ def test_table_layout() -> None:
     text = report.table({"a": [1.0, None]}, [90, 100])
     assert text.splitlines()[2].split() == ["a", "1.00", "-"]
     assert report.mean_of([1.0, 3.0]) == 2.0 and report.mean_of([1.0, None]) is None
+
+
+def running_pod(node: str, uuid: str, percent: int, cpu: str) -> dict[str, object]:
+    """A pod bound to ``node`` and running, holding ``percent`` of a T4's cores and memory."""
+    from hami.protocol.poddevices import ContainerDevice, encode_pod_devices
+
+    held = encode_pod_devices([[ContainerDevice(uuid, "NVIDIA", 15360 * percent // 100, percent)]])
+    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpucores": str(percent)}
+    container = {"name": "c", "resources": {"limits": limits, "requests": {"cpu": cpu}}}
+    return {
+        "metadata": {
+            "name": "live",
+            "namespace": "default",
+            "uid": "live-uid",
+            "annotations": {"hami.io/vgpu-node": node, "hami.io/vgpu-devices-allocated": held},
+        },
+        "spec": {"nodeName": node, "containers": [container]},
+        "status": {"phase": "Running"},
+    }
+
+
+def test_from_objects_the_running_pods_hold_is_never_over_committed() -> None:
+    """A live cluster's start: a running pod holds 70 % of the one GPU and 30 of the 32
+    CPUs; the trace pods get only what is left, through the same decision code."""
+    node = engine.node_object(TraceNode("live-0", 32000, 131072, 1, "T4"), 10)
+    held = running_pod("live-0", engine.gpu_uuid("live-0", 0), 70, "30")
+    done = {**running_pod("live-0", engine.gpu_uuid("live-0", 0), 90, "1"), "status": {}}
+    done["metadata"] = {**done["metadata"], "name": "done", "uid": "done"}  # type: ignore[dict-item]
+    done["status"] = {"phase": "Succeeded"}
+    for policy in EVERY_POLICY:
+        sim = Simulator.from_objects([node], [held, done], engine.NOW, policy, cpu_pods="kube")
+        assert sim.capacity == 1000
+        assert (sim.arrived, sim.used) == (700, 700)  # the running pod's share
+        placed = [
+            sim.place(p)
+            for p in (pod("a", 500), pod("b", 300), pod("c", 100), pod("d", 0, 0, cpu=4000))
+        ]
+        assert [p.node for p in placed] == [None, "live-0", None, None], policy
+        assert placed[1].devices == ((0, 300),)
+        assert placed[-1].used == 1000
+        assert sim.resources["live-0"].free_cpu_milli == 1000
+
+
+def test_snapshot_keeps_running_pods_and_starts_after_the_newest_heartbeat() -> None:
+    from datetime import timedelta
+
+    from hami.protocol import handshake
+    from hami.simulate import snapshot
+
+    held = running_pod("n", "u", 10, "1")
+    pending = {**held, "spec": {"containers": []}}
+    finished = {**held, "status": {"phase": "Failed"}}
+    assert snapshot.running([held, pending, finished]) == [held]
+    at = engine.NOW + timedelta(hours=1)
+    nodes = [
+        {"metadata": {"annotations": {"hami.io/node-handshake": handshake.reported(at)}}},
+        engine.node_object(TraceNode("x", 1000, 1024, 1, "T4"), 10),
+    ]
+    assert snapshot.start_time(nodes, engine.NOW) == at + timedelta(seconds=1)
+    assert snapshot.start_time([], engine.NOW) == engine.NOW
+
+
+def test_cli_from_cluster_without_an_api_server_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:9'}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+    )
+    pods = str(DATA / "openb_sample_pods.csv")
+    argv = ["simulate", "--from-cluster", "--kubeconfig", str(kubeconfig), "--pods", pods]
+    assert hami_main(argv) == 2
+    err = capsys.readouterr().err
+    assert "could not list nodes and pods" in err and "--kubeconfig" in err
+    assert "Traceback" not in err
+    assert hami_main([*argv[:3], str(tmp_path / "missing"), *argv[4:]]) == 2
+    assert "--from-cluster" in capsys.readouterr().err

@@ -37,6 +37,17 @@ def add_parser(subparsers: Any) -> None:
         "--pods", help=f"pods CSV, or a name like gpushare40 (default: TRACE_DIR/{PODS_FILE})"
     )
     parser.add_argument(
+        "--from-cluster",
+        action="store_true",
+        help="start from a live cluster: its nodes, devices and running pods (read once "
+        "through the API server), then place the --pods rows on top",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        help="with --from-cluster: the cluster's kubeconfig (default: $KUBECONFIG, "
+        "~/.kube/config, or in-cluster)",
+    )
+    parser.add_argument(
         "--policy",
         action="append",
         help="NODE/GPU policy, e.g. defrag/binpack or binpack/spread (repeatable; default: "
@@ -94,7 +105,8 @@ def _ints(text: str) -> list[int]:
     return out
 
 
-def _paths(args: argparse.Namespace) -> tuple[Path, Path] | str:
+def _paths(args: argparse.Namespace) -> tuple[Path | None, Path] | str:
+    """(nodes CSV, pods CSV); the nodes CSV is None with --from-cluster."""
     base = args.trace_dir or os.environ.get(TRACE_ENV)
     nodes = Path(args.nodes) if args.nodes else None
     pods_arg = args.pods
@@ -104,6 +116,12 @@ def _paths(args: argparse.Namespace) -> tuple[Path, Path] | str:
             pods_arg = str(Path(base) / PODS_FILE)
         elif not pods_arg.endswith(".csv"):
             pods_arg = str(Path(base) / f"openb_pod_list_{pods_arg}.csv")
+    if args.from_cluster:
+        if args.nodes:
+            return "--from-cluster takes the nodes from the cluster: drop --nodes"
+        if pods_arg is None:
+            return "--from-cluster needs the pods to place on top: give --pods CSV"
+        return None, Path(pods_arg)
     if nodes is None or pods_arg is None:
         return (
             f"no trace: give --nodes and --pods, --trace-dir, or set ${TRACE_ENV} to the "
@@ -132,7 +150,8 @@ class _Progress:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hami.simulate import engine, report, trace
+    from hami.simulate import engine, report, snapshot, trace
+    from hami.simulate.snapshot import Snapshot
 
     paths = _paths(args)
     if isinstance(paths, str):
@@ -140,23 +159,48 @@ def run(args: argparse.Namespace) -> int:
         return 2
     nodes_path, pods_path = paths
     try:
-        nodes = trace.read_nodes(nodes_path.read_text())
         pods = trace.read_pods(pods_path.read_text())
+        nodes = trace.read_nodes(nodes_path.read_text()) if nodes_path is not None else []
         policies = [engine.Policy.parse(p) for p in args.policy or ()] or [
             engine.DEFRAG_POLICY,
             engine.DEFAULT_POLICY,
         ]
         seeds = _ints(args.seeds) if args.order == "shuffle" else [0]
-        splits = _ints(args.split_count)
+        # a live cluster's split counts are its devices' own, as registered
+        splits = [0] if nodes_path is None else _ints(args.split_count)
         levels = [float(x) for x in args.levels.split(",") if x.strip()]
     except (OSError, ValueError) as exc:
         print(f"hami simulate: {exc}", file=sys.stderr)
         return 2
-    capacity = trace.gpu_capacity(nodes)
+    start: Snapshot | None = None
+    if nodes_path is None:
+        read = snapshot.read(args.kubeconfig)
+        if isinstance(read, str):
+            print(f"hami simulate: {read}", file=sys.stderr)
+            return 2
+        start = read
+        first = engine.Simulator.from_objects(start.nodes, start.pods, start.now)
+        capacity = first.capacity
+        if not capacity:
+            print(
+                f"hami simulate: --from-cluster: none of the cluster's {len(start.nodes)} "
+                "nodes has a registered NVIDIA GPU (hami.io/node-nvidia-register); run HAMi's "
+                "node agent on the GPU nodes, or point --kubeconfig at a cluster that has them",
+                file=sys.stderr,
+            )
+            return 2
+        gpu_nodes = sum(1 for n in first.cluster.nodes.values() if n.devices)
+        source = (
+            f"cluster: {len(start.nodes)} nodes ({gpu_nodes} with GPUs, {capacity // 1000} "
+            f"GPUs, {first.held_milli()} milli held by {len(start.pods)} running pods)"
+        )
+    else:
+        capacity = trace.gpu_capacity(nodes)
+        source = f"trace: {nodes_path.name} ({len(nodes)} nodes, {capacity // 1000} GPUs)"
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     runs = len(policies) * len(splits) * len(seeds)
     print(
-        f"trace: {nodes_path.name} ({len(nodes)} nodes, {capacity // 1000} GPUs), "
+        f"{source}, "
         f"{pods_path.name} ({len(pods)} rows); order {args.order}"
         + (f", tune {args.tune}, seeds {seeds}" if args.order == "shuffle" else "")
     )
@@ -174,8 +218,14 @@ def run(args: argparse.Namespace) -> int:
                         if args.order == "shuffle"
                         else pods
                     )
-                    sim = engine.Simulator(nodes, policy, split, cpu_pods=args.cpu_pods)
-                    label = f"{policy.label} split {split} seed {seed}"
+                    sim = (
+                        engine.Simulator(nodes, policy, split, cpu_pods=args.cpu_pods)
+                        if start is None
+                        else engine.Simulator.from_objects(
+                            start.nodes, start.pods, start.now, policy, cpu_pods=args.cpu_pods
+                        )
+                    )
+                    label = f"{policy.label} split {split or 'as registered'} seed {seed}"
                     bar = _Progress(sys.stderr if show else None, len(workload), label)
                     placed: list[engine.Placement] = []
                     began = time.perf_counter()
@@ -200,7 +250,9 @@ def run(args: argparse.Namespace) -> int:
                         }
                     )
                     if seed == seeds[0]:
-                        curves[f"{policy.label} (split {split})"] = report.curve(placed, capacity)
+                        curves[f"{policy.label} (split {split or 'as registered'})"] = report.curve(
+                            placed, capacity
+                        )
                     if placements_out is not None:
                         extra = (
                             {"policy": policy.label, "split_count": split, "seed": seed}
@@ -225,7 +277,8 @@ def run(args: argparse.Namespace) -> int:
                 rows[name] = [value if k == 100 else None for k in levels]
         cap = "does not bind on openb" if split >= 20 else "HAMi's default" if split == 10 else ""
         print(
-            f"\nunallocated GPU % (mean of {len(seeds)} seed(s)), split count {split}"
+            f"\nunallocated GPU % (mean of {len(seeds)} seed(s)), split count "
+            + (f"{split}" if split else "as the cluster's devices registered")
             + (f" ({cap})" if cap else "")
         )
         print(report.table(rows, levels))

@@ -13,7 +13,7 @@ resource); it goes where kube-scheduler's default score (LeastAllocated) puts it
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,10 +22,11 @@ from hami.backends.nvidia_names import NVIDIA_ALLOCATED, NVIDIA_RESOURCES, NVIDI
 from hami.core.cluster import Cluster
 from hami.core.defragpolicy import DEFRAG
 from hami.core.fit import BINPACK, SPREAD
-from hami.core.noderesources import NodeResources, node_allocatable, pod_requests
+from hami.core.noderesources import NodeResources, RoomLedger, node_allocatable, pod_requests
 from hami.core.requests import DeviceKind, parse_pod
 from hami.protocol import handshake
-from hami.simulate.trace import TraceNode, TracePod, gpu_capacity
+from hami.protocol.objects import metadata_of, pod_key
+from hami.simulate.trace import TraceNode, TracePod
 
 NVIDIA = DeviceKind("nvidia", "NVIDIA", NVIDIA_RESOURCES, NVIDIA_ALLOCATED, NVIDIA_TO_ALLOCATE)
 # The simulated clock: nodes heartbeat just before it, so every type is available.
@@ -143,7 +144,8 @@ def pod_object(pod: TracePod, name: str | None = None) -> dict[str, Any]:
 
 @dataclass
 class Simulator:
-    """A cluster of trace nodes under one policy; ``place`` one pod at a time."""
+    """A cluster under one policy; ``place`` one pod at a time. Built from trace nodes
+    (``nodes``), or from Node and Pod objects, a live cluster's (``from_objects``)."""
 
     nodes: Sequence[TraceNode]
     policy: Policy = DEFAULT_POLICY
@@ -161,19 +163,63 @@ class Simulator:
     cpu_pods: str = "hami"
 
     def __post_init__(self) -> None:
+        objects = [node_object(node, self.split_count) for node in self.nodes]
+        for name, errors in self._load(objects, (), NOW).items():
+            raise ValueError(f"node {name}: {errors}")
+
+    @classmethod
+    def from_objects(
+        cls,
+        nodes: Sequence[Mapping[str, Any]],
+        pods: Iterable[Mapping[str, Any]],
+        now: datetime,
+        policy: Policy = DEFAULT_POLICY,
+        *,
+        cpu_pods: str = "hami",
+    ) -> Simulator:
+        """The start state of a live cluster: its Nodes (register annotations,
+        heartbeats, allocatable CPU and memory) and its pods, the bound unfinished ones
+        holding their devices, CPU and memory, as the scheduler reads them at ``now``.
+        ``arrived`` and ``used`` start at the GPU milli the running pods hold."""
+        sim = cls((), policy, cpu_pods=cpu_pods)
+        sim._load(nodes, pods, now)
+        sim.arrived = sim.used = sim.held_milli()
+        return sim
+
+    def _load(
+        self, nodes: Sequence[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]], now: datetime
+    ) -> dict[str, list[str]]:
+        """Start from these Nodes and pods; returns each node's register errors (a node
+        with one has no devices)."""
         self.cluster = Cluster(
             [NVIDIA], node_policy=self.policy.node, device_policy=self.policy.device
         )
-        self.resources = {}
-        for node in self.nodes:
-            obj = node_object(node, self.split_count)
-            errors, _ = self.cluster.upsert_node(obj, NOW)
+        rooms = RoomLedger()
+        self._names: list[str] = []
+        failed: dict[str, list[str]] = {}
+        for obj in nodes:
+            name = str(metadata_of(obj).get("name") or "")
+            errors, _ = self.cluster.upsert_node(obj, now)
             if errors:
-                raise ValueError(f"node {node.name}: {errors}")
-            self.resources[node.name] = node_allocatable(obj)
-        self.capacity = gpu_capacity(self.nodes)
-        self._index = {gpu_uuid(n.name, i): i for n in self.nodes for i in range(n.gpus)}
-        self._names = [node.name for node in self.nodes]
+                failed[name] = errors
+            rooms.set_node(name, obj)
+            self._names.append(name)
+        for pod in pods:
+            key = pod_key(pod)
+            rooms.upsert_pod(key, pod)
+            self.cluster.upsert_pod(pod, now)
+        self.resources = {}
+        for name, obj in zip(self._names, nodes, strict=True):
+            resources = self.resources[name] = node_allocatable(obj)
+            free = rooms.free(name) or (resources.cpu_milli, resources.memory_mib)
+            resources.take(resources.cpu_milli - free[0], resources.memory_mib - free[1])
+        # a device's index in placements: its index on its node, as registered
+        self._index = {
+            uuid: device.index
+            for name in self._names
+            for uuid, device in self.cluster.nodes[name].devices.items()
+        }
+        self.capacity = len(self._index) * 1000
         self._position = {name: i for i, name in enumerate(self._names)}
         # free CPU and memory by node position, beside ``resources``: the one list scan
         # per pod (kube-scheduler's NodeResourcesFit) stays a comprehension over ints
@@ -181,6 +227,22 @@ class Simulator:
         self._free_mem = [self.resources[n].free_memory_mib for n in self._names]
         for name, cpu, memory in zip(self._names, self._free_cpu, self._free_mem, strict=True):
             self.cluster.set_node_room(name, cpu, memory)
+        return failed
+
+    def held_milli(self) -> int:
+        """GPU milli held on the devices now: per device the larger of its cores and
+        memory shares held, at most 1000."""
+        total = 0
+        for name in self._names:
+            for device in self.cluster.nodes[name].devices.values():
+                if not device.used:
+                    continue
+                cores = device.used_cores * 10 if device.total_cores else 0
+                memory = (
+                    device.used_memory * 1000 // device.total_memory if device.total_memory else 0
+                )
+                total += min(1000, max(cores, memory))
+        return total
 
     def place(self, pod: TracePod) -> Placement:
         self.rows += 1
