@@ -1,5 +1,8 @@
 """Placement quality on the openb trace (issue 21): ``hami simulate`` for each policy on
-the trace's workload variants, unallocated GPU % at k = 90, 100, 110, 130.
+the trace's workload variants, unallocated GPU % at k = 90, 100, 110, 130, beside FGD's
+and BestFit's published figures for each variant. Default policies: defrag/binpack (the
+recommended one) and binpack/spread (the scheduler's default); ``--policy`` as hami
+simulate.
 
     HAMI_OPENB_DIR=/path/to/cluster-trace-gpu-v2023/csv .venv/bin/python bench/bench_simulate.py
     .venv/bin/python bench/bench_simulate.py --trace-dir DIR --seeds 0-9 --variants default
@@ -27,7 +30,7 @@ def main() -> int:
     parser.add_argument("--trace-dir", default=os.environ.get(cli.TRACE_ENV))
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--seeds", default="0-9")
-    parser.add_argument("--split-count", default="100,10")
+    parser.add_argument("--split-count", default="100")
     parser.add_argument("--policy", action="append", help="as hami simulate (default: all)")
     args = parser.parse_args()
     if not args.trace_dir or not (Path(args.trace_dir) / cli.NODES_FILE).exists():
