@@ -19,19 +19,19 @@ from typing import ClassVar
 from hami.backends.ascend_chips import CHIPS, Chip
 from hami.backends.ascend_rules import request_rule, runtime_info
 from hami.backends.base import (
-    AllocationRequest,
-    Backend,
     BackendError,
     BackendSettings,
-    ContainerAllocation,
-    Device,
 )
+from hami.backends.schedulerside import SchedulerSideBackend
 from hami.core.requests import NO_ANNOTATIONS, DeviceRequest
 from hami.protocol import ContainerDevice
 
 
-class AscendBackend(Backend):
+class AscendBackend(SchedulerSideBackend):
     """One Ascend type; a subclass names its ``chip`` (``CHIPS``)."""
+
+    vendor = "Huawei Ascend"
+    node_plugin = "HAMi's ascend-device-plugin"
 
     chip: ClassVar[Chip]
     default_cores = 0  # no core share unless asked (the soft split)
@@ -83,18 +83,9 @@ class AscendBackend(Backend):
     ) -> dict[str, str]:
         return runtime_info(self.chip, containers, annotations)
 
-    def _no_node_side(self) -> BackendError:
-        return BackendError(
-            f"{self.type_word}: this project has no node side for Huawei Ascend; run HAMi's "
-            f"ascend-device-plugin on the node (it writes {self.register_key}) and enable "
-            f"the {self.type_word} backend only in the scheduler's configuration"
-        )
-
-    async def enumerate(self) -> list[Device]:
-        raise self._no_node_side()
-
-    def allocate(self, request: AllocationRequest) -> ContainerAllocation:
-        raise self._no_node_side()
+    @property
+    def plugin_does(self) -> str:  # type: ignore[override]
+        return f"writes {self.register_key}"
 
 
 class Ascend910A(AscendBackend):

@@ -13,27 +13,21 @@ backend in a node agent fails with what to run instead.
 from __future__ import annotations
 
 from hami.backends.base import (
-    AllocationRequest,
-    Backend,
-    BackendError,
-    ContainerAllocation,
-    Device,
     ResourceNames,
 )
+from hami.backends.schedulerside import SchedulerSideBackend
 
 DCU_RESOURCES = ResourceNames(
     count="hygon.com/dcunum",
     memory="hygon.com/dcumem",
     cores="hygon.com/dcucores",
 )
-_NO_NODE_SIDE = (
-    "dcu: this project has no node side for Hygon DCU; run HAMi's dcu-vgpu-device-plugin on "
-    "the node (it writes hami.io/node-dcu-register) and enable the dcu backend only in the "
-    "scheduler's configuration"
-)
 
 
-class HygonBackend(Backend):
+class HygonBackend(SchedulerSideBackend):
+    vendor = "Hygon DCU"
+    node_plugin = "HAMi's dcu-vgpu-device-plugin"
+    plugin_does = "writes hami.io/node-dcu-register"
     type_word = "dcu"
     vendor_word = "DCU"
     default_resources = DCU_RESOURCES
@@ -42,9 +36,3 @@ class HygonBackend(Backend):
     default_cores = 100  # hygon.com/dcucores absent: the whole device, as Go asks
     known_options = frozenset()
     selector_words = ("dcu", "gpu")
-
-    async def enumerate(self) -> list[Device]:
-        raise BackendError(_NO_NODE_SIDE)
-
-    def allocate(self, request: AllocationRequest) -> ContainerAllocation:
-        raise BackendError(_NO_NODE_SIDE)

@@ -23,13 +23,10 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from hami.backends.base import (
-    AllocationRequest,
-    Backend,
     BackendError,
     BackendSettings,
-    ContainerAllocation,
-    Device,
 )
+from hami.backends.schedulerside import SchedulerSideBackend
 from hami.core.requests import DeviceRequest, RequestError
 from hami.protocol.resources import ResourceNames
 
@@ -62,8 +59,11 @@ def request_rule(request: DeviceRequest, where: str, cores_name: str) -> DeviceR
     return request
 
 
-class IluvatarBackend(Backend):
+class IluvatarBackend(SchedulerSideBackend):
     """One Iluvatar type; a subclass names its ``word`` (``TYPES``)."""
+
+    vendor = "Iluvatar"
+    node_plugin = "Iluvatar's device plug-in"
 
     word: ClassVar[str]
     default_cores = 0  # no core share unless asked
@@ -106,18 +106,9 @@ class IluvatarBackend(Backend):
         name = container.get("name")
         return {CONTAINER_NAME_ENV: name} if isinstance(name, str) and name else {}
 
-    def _no_node_side(self) -> BackendError:
-        return BackendError(
-            f"{self.type_word}: this project has no node side for Iluvatar; run Iluvatar's "
-            f"device plug-in on the node (it writes {self.register_key}) and enable the "
-            f"{self.type_word} backend only in the scheduler's configuration"
-        )
-
-    async def enumerate(self) -> list[Device]:
-        raise self._no_node_side()
-
-    def allocate(self, request: AllocationRequest) -> ContainerAllocation:
-        raise self._no_node_side()
+    @property
+    def plugin_does(self) -> str:  # type: ignore[override]
+        return f"writes {self.register_key}"
 
 
 class MR_V100(IluvatarBackend):  # Go's type word: MR-V100

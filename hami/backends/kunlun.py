@@ -31,15 +31,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hami.backends.base import (
-    AllocationRequest,
-    Backend,
     BackendError,
     BackendSettings,
-    ContainerAllocation,
-    Device,
     ResourceNames,
 )
 from hami.backends.capacity import capacity_of, node_name, whole_quantity
+from hami.backends.schedulerside import SchedulerSideBackend
 from hami.core import cardsets
 from hami.core.requests import NO_ANNOTATIONS, DeviceRequest
 from hami.core.usage import DeviceState, Use
@@ -52,14 +49,6 @@ SLICES_MIB = (24576, 49152, CARD_MIB)  # the vXPU sizes Go's webhook rounds up t
 WHOLE = 100
 SLOTS = 100
 DEVICE_INDEX = "BAIDU_COM_DEVICE_IDX"
-
-
-def _no_node_side(word: str, writes: str) -> BackendError:
-    return BackendError(
-        f"{word}: this project has no node side for Kunlunxin; run Kunlunxin's device plug-in "
-        f"on the node (it {writes}) and enable the {word} backend only in the scheduler's "
-        "configuration"
-    )
 
 
 def card_id(node: str, index: int) -> str:
@@ -145,9 +134,12 @@ def slice_mib(memory: int) -> int:
     return CARD_MIB
 
 
-class KunlunBackend(Backend):
+class KunlunBackend(SchedulerSideBackend):
     """Whole Kunlunxin cards (Go's ``kunlun`` type)."""
 
+    vendor = "Kunlunxin"
+    node_plugin = "Kunlunxin's device plug-in"
+    plugin_does = f"advertises {KUNLUN_RESOURCES.count}"
     type_word = "kunlun"
     vendor_word = "kunlun"
     default_resources = KUNLUN_RESOURCES
@@ -192,16 +184,13 @@ class KunlunBackend(Backend):
                 out[DEVICE_INDEX] = ",".join(str(index_of(d.uuid)) for d in devices)
         return out
 
-    async def enumerate(self) -> list[Device]:
-        raise _no_node_side(self.type_word, f"advertises {KUNLUN_RESOURCES.count}")
 
-    def allocate(self, request: AllocationRequest) -> ContainerAllocation:
-        raise _no_node_side(self.type_word, f"advertises {KUNLUN_RESOURCES.count}")
-
-
-class XpuBackend(Backend):
+class XpuBackend(SchedulerSideBackend):
     """Shared Kunlunxin cards, vXPU (Go's ``XPU`` type)."""
 
+    vendor = "Kunlunxin"
+    node_plugin = "Kunlunxin's device plug-in"
+    plugin_does = "writes hami.io/node-register-xpu"
     type_word = "XPU"
     vendor_word = "XPU"
     default_resources = XPU_RESOURCES
@@ -242,9 +231,3 @@ class XpuBackend(Backend):
         return dataclasses.replace(
             request, memory=memory, cores=memory * WHOLE // CARD_MIB, pick=pick_slices
         )
-
-    async def enumerate(self) -> list[Device]:
-        raise _no_node_side(self.type_word, "writes hami.io/node-register-xpu")
-
-    def allocate(self, request: AllocationRequest) -> ContainerAllocation:
-        raise _no_node_side(self.type_word, "writes hami.io/node-register-xpu")

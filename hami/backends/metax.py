@@ -34,15 +34,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from hami.backends.base import (
-    AllocationRequest,
-    Backend,
     BackendError,
     BackendSettings,
-    ContainerAllocation,
-    Device,
     ResourceNames,
 )
 from hami.backends.capacity import capacity_of, node_name, whole_quantity
+from hami.backends.schedulerside import SchedulerSideBackend
 from hami.core.requests import NO_ANNOTATIONS, DeviceRequest, RequestError, parse_quantity
 from hami.core.usage import DeviceState, Use
 from hami.protocol import ContainerDevice, NodeDevice, ProtocolError
@@ -65,14 +62,6 @@ QOS_POLICIES = ("best-effort", "fixed-share", "burst-share")
 APP_CLASSES = ("online", "offline")
 _INT32_MAX = 2**31 - 1
 _WHAT = "metax-tech.com/node-gpu-devices"
-
-
-def _no_node_side(word: str, writes: str) -> BackendError:
-    return BackendError(
-        f"{word}: this project has no node side for MetaX; run MetaX's device plug-in on the "
-        f"node (it {writes}) and enable the {word} backend only in the scheduler's "
-        "configuration"
-    )
 
 
 def gpu_id(node: str, index: int) -> str:
@@ -240,7 +229,9 @@ def allocated_value(containers: Sequence[Sequence[ContainerDevice]]) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-class _MetaxBackend(Backend):
+class _MetaxBackend(SchedulerSideBackend):
+    vendor = "MetaX"
+    node_plugin = "MetaX's device plug-in"
     known_options = frozenset()
     default_cores = WHOLE
 
@@ -265,6 +256,7 @@ class MetaxGpuBackend(_MetaxBackend):
     """Whole MetaX GPUs (Go's ``Metax-GPU`` type)."""
 
     type_word = "Metax-GPU"
+    plugin_does = f"advertises {GPU_RESOURCES.count}"
     vendor_word = "Metax-GPU"
     default_resources = GPU_RESOURCES
     allocated_key = "hami.io/metax-gpu-devices-allocated"
@@ -281,17 +273,12 @@ class MetaxGpuBackend(_MetaxBackend):
             request, memory=0, memory_percentage=WHOLE, cores=WHOLE, pick=pick_whole
         )
 
-    async def enumerate(self) -> list[Device]:
-        raise _no_node_side(self.type_word, f"advertises {GPU_RESOURCES.count}")
-
-    def allocate(self, request: AllocationRequest) -> ContainerAllocation:
-        raise _no_node_side(self.type_word, f"advertises {GPU_RESOURCES.count}")
-
 
 class MetaxSgpuBackend(_MetaxBackend):
     """Shared MetaX GPUs (Go's ``Metax-SGPU`` type)."""
 
     type_word = "Metax-SGPU"
+    plugin_does = f"writes {NODE_DEVICES}"
     vendor_word = "Metax-SGPU"
     default_resources = SGPU_RESOURCES
     allocated_key = "hami.io/metax-sgpu-devices-allocated"
@@ -316,9 +303,3 @@ class MetaxSgpuBackend(_MetaxBackend):
         annotations: Mapping[str, str] = NO_ANNOTATIONS,
     ) -> dict[str, str]:
         return {ALLOCATED: allocated_value(containers)}
-
-    async def enumerate(self) -> list[Device]:
-        raise _no_node_side(self.type_word, f"writes {NODE_DEVICES}")
-
-    def allocate(self, request: AllocationRequest) -> ContainerAllocation:
-        raise _no_node_side(self.type_word, f"writes {NODE_DEVICES}")

@@ -20,15 +20,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hami.backends.base import (
-    AllocationRequest,
-    Backend,
     BackendError,
     BackendSettings,
-    ContainerAllocation,
-    Device,
     ResourceNames,
 )
 from hami.backends.capacity import capacity_of, node_name, whole_quantity
+from hami.backends.schedulerside import SchedulerSideBackend
 from hami.core.requests import NO_ANNOTATIONS, DeviceRequest, RequestError
 from hami.protocol import ContainerDevice, NodeDevice, ProtocolError
 
@@ -45,11 +42,6 @@ SLOTS = 100  # tasks per card, as Go counts them
 MODEL = "Mthreads"
 GPU_INDEX = "mthreads.com/gpu-index"
 _INT32_MAX = 2**31 - 1
-_NO_NODE_SIDE = (
-    "mthreads: this project has no node side for Moore Threads; run Moore Threads' device "
-    "plug-in on the node (it advertises mthreads.com/sgpu-core) and enable the mthreads "
-    "backend only in the scheduler's configuration"
-)
 
 
 def card_id(node: str, index: int) -> str:
@@ -133,7 +125,10 @@ def gpu_index(
     return out
 
 
-class MthreadsBackend(Backend):
+class MthreadsBackend(SchedulerSideBackend):
+    vendor = "Moore Threads"
+    node_plugin = "Moore Threads' device plug-in"
+    plugin_does = "advertises mthreads.com/sgpu-core"
     type_word = "mthreads"
     vendor_word = MODEL
     default_resources = MTHREADS_RESOURCES
@@ -175,9 +170,3 @@ class MthreadsBackend(Backend):
         annotations: Mapping[str, str] = NO_ANNOTATIONS,
     ) -> dict[str, str]:
         return gpu_index(containers, index_of)
-
-    async def enumerate(self) -> list[Device]:
-        raise BackendError(_NO_NODE_SIDE)
-
-    def allocate(self, request: AllocationRequest) -> ContainerAllocation:
-        raise BackendError(_NO_NODE_SIDE)
