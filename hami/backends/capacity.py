@@ -36,3 +36,13 @@ def whole_quantity(value: Any, resource: str) -> int:
         return parse_quantity(value)
     except (ValueError, ArithmeticError):
         raise ProtocolError(_WHAT, f"{resource} is not a whole number", str(value)) from None
+
+
+def advertised(node: Mapping[str, Any], resource: str) -> int | None:
+    """How many of ``resource`` the Node's capacity advertises; None when it names none
+    or not more than 0 (the capacity readers' common start)."""
+    capacity = capacity_of(node)
+    if resource not in capacity:
+        return None
+    count = whole_quantity(capacity[resource], resource)
+    return count if count > 0 else None

@@ -35,7 +35,7 @@ from hami.backends.base import (
     BackendSettings,
     ResourceNames,
 )
-from hami.backends.capacity import capacity_of, node_name, whole_quantity
+from hami.backends.capacity import advertised, node_name
 from hami.backends.schedulerside import SchedulerSideBackend
 from hami.core import cardsets
 from hami.core.requests import NO_ANNOTATIONS, DeviceRequest
@@ -58,12 +58,8 @@ def card_id(node: str, index: int) -> str:
 
 def devices_from_capacity(node: Mapping[str, Any]) -> list[NodeDevice] | None:
     """The whole cards ``kunlunxin.com/xpu`` capacity advertises, None when none."""
-    capacity = capacity_of(node)
-    name = KUNLUN_RESOURCES.count
-    if name not in capacity:
-        return None
-    cards = whole_quantity(capacity[name], name)
-    if cards <= 0:
+    cards = advertised(node, KUNLUN_RESOURCES.count)
+    if cards is None:
         return None
     node_id = node_name(node)
     return [

@@ -38,7 +38,7 @@ from hami.backends.base import (
     BackendSettings,
     ResourceNames,
 )
-from hami.backends.capacity import capacity_of, node_name, whole_quantity
+from hami.backends.capacity import advertised, node_name
 from hami.backends.schedulerside import SchedulerSideBackend
 from hami.core.requests import NO_ANNOTATIONS, DeviceRequest, RequestError, parse_quantity
 from hami.core.usage import DeviceState, Use
@@ -71,12 +71,8 @@ def gpu_id(node: str, index: int) -> str:
 
 def gpus_from_capacity(node: Mapping[str, Any]) -> list[NodeDevice] | None:
     """The whole GPUs ``metax-tech.com/gpu`` capacity advertises, None when none."""
-    capacity = capacity_of(node)
-    name = GPU_RESOURCES.count
-    if name not in capacity:
-        return None
-    count = whole_quantity(capacity[name], name)
-    if count <= 0:
+    count = advertised(node, GPU_RESOURCES.count)
+    if count is None:
         return None
     node_id = node_name(node)
     return [

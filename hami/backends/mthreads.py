@@ -24,7 +24,7 @@ from hami.backends.base import (
     BackendSettings,
     ResourceNames,
 )
-from hami.backends.capacity import capacity_of, node_name, whole_quantity
+from hami.backends.capacity import advertised, capacity_of, node_name, whole_quantity
 from hami.backends.schedulerside import SchedulerSideBackend
 from hami.core.requests import NO_ANNOTATIONS, DeviceRequest, RequestError
 from hami.protocol import ContainerDevice, NodeDevice, ProtocolError
@@ -52,16 +52,13 @@ def card_id(node: str, index: int) -> str:
 def devices_from_capacity(node: Mapping[str, Any]) -> list[NodeDevice] | None:
     """The cards a node's capacity implies (a card per 16 sgpu-core units, the rest making
     one more), None when it advertises none."""
-    capacity = capacity_of(node)
     cores_name, memory_name = MTHREADS_RESOURCES.cores, MTHREADS_RESOURCES.memory
     assert cores_name is not None and memory_name is not None
-    if cores_name not in capacity:
-        return None
-    units = whole_quantity(capacity[cores_name], cores_name)
-    if units <= 0:
+    units = advertised(node, cores_name)
+    if units is None:
         return None
     try:
-        memory_units = whole_quantity(capacity.get(memory_name, 0), memory_name)
+        memory_units = whole_quantity(capacity_of(node).get(memory_name, 0), memory_name)
     except ProtocolError:
         memory_units = 0  # Go reads an unreadable memory capacity as none
     memory = memory_units * MTHREADS_RESOURCES.memory_unit_mib * CORES_PER_CARD // units

@@ -215,15 +215,25 @@ class DefragPolicy:
             )
             free = sum(d[3] for d in key[0])
             cost = self.fragment(after) - self.fragment(key)
-            cost += STARVED_WEIGHT * (
-                defrag.starved(free, room[0] - cpu, room[1] - memory, self.shapes)
-                - defrag.starved(free, room[0], room[1], self.shapes)
-            )
+            cost += self._starving(free, 0, room, pod_room)
             # ties: the node with the least free GPU (its CPU is missed the least)
             entry = (cost, float(free), name)
             if best is None or entry < best:
                 best = entry
         return (None if best is None else best[2]), looked
+
+    def _starving(
+        self, free: int, taken: int, room: tuple[int, int], pod_room: tuple[int, int]
+    ) -> float:
+        """The weighted increase in cores the node's CPU and memory cannot feed when a pod
+        takes ``taken`` of its ``free`` cores and ``pod_room`` of its ``room``."""
+        if not STARVED_WEIGHT:
+            return 0.0
+        shapes = self.shapes
+        after = defrag.starved(
+            max(0, free - taken), room[0] - pod_room[0], room[1] - pod_room[1], shapes
+        )
+        return STARVED_WEIGHT * (after - defrag.starved(free, room[0], room[1], shapes))
 
     def _costs(
         self,
@@ -245,7 +255,6 @@ class DefragPolicy:
         keys, rooms = self._keys, self.room
         pressure = self.pressure() if PRESSURE_WEIGHT else {}
         taken_cores = _cores_of(request)
-        starved, shapes = defrag.starved, self.shapes
         for name in names:
             node = nodes.get(name)
             if node is None:
@@ -279,11 +288,8 @@ class DefragPolicy:
             if pressure:
                 model = answer[1][0] if answer[1] is not None else (key[0][0][0] if key[0] else "")
                 cost += PRESSURE_WEIGHT * taken_cores * (pressure.get(model, 1.0) - 1.0)
-            if STARVED_WEIGHT and room is not None:
-                cost += STARVED_WEIGHT * (
-                    starved(max(0, free - taken_cores), room[0] - cpu, room[1] - memory, shapes)
-                    - starved(free, room[0], room[1], shapes)
-                )
+            if room is not None:
+                cost += self._starving(free, taken_cores, room, pod_room)
             yield (cost, -node.utilisation, name, answer[1])
 
     def _answer(
