@@ -30,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
-from hami.core import migfit, nofit, topology
+from hami.core import defrag, migfit, nofit, topology
 from hami.core.defragpolicy import DEFRAG, DefragPolicy
 from hami.core.fit import BINPACK, NodeFit, NodeMiss, PairScores, TypeView, fit_pod
 from hami.core.quota import Quotas
@@ -395,6 +395,26 @@ class Cluster:
         room (``set_node_room``) are weighed; None: none of them takes it."""
         names, indexed = self._schedulable(_candidates(candidates))
         return self.defrag.choose_room_only(names, indexed, pod_room)[0]
+
+    def weigh(
+        self,
+        request: PodRequest,
+        candidates: Collection[str] | None = None,
+        pod_room: tuple[int, int] = (0, 0),
+        *,
+        observe: bool = True,
+    ) -> dict[str, float]:
+        """The ``defrag`` policy's cost of placing ``request`` on each candidate where it
+        fits (lower strands less GPU; absent: no fit, or not schedulable), for a caller
+        that scores nodes another scheduler chooses between. With ``observe`` the pod's
+        shape joins the policy's workload window, as a decision's does."""
+        if observe:
+            shape = defrag.shape_of(request, *pod_room)
+            if shape is not None:
+                self.defrag.shapes.observe(shape)
+        names, indexed = self._schedulable(_candidates(candidates))
+        device_policy = request.device_policy or self.device_policy
+        return self.defrag.costs(names, indexed, request, device_policy, pod_room)
 
     def _load_register(
         self, node: NodeState, state: TypeState, read: _Read | None = None

@@ -190,6 +190,26 @@ class DefragPolicy:
                 return Choice(name, fit, cost), looked
         return None, looked
 
+    def costs(
+        self,
+        names: Collection[str],
+        nodes: Mapping[str, NodeLike],
+        request: PodRequest,
+        device_policy: str,
+        pod_room: tuple[int, int],
+    ) -> dict[str, float]:
+        """Every named node's cost for the pod (what ``choose`` minimises; lower strands
+        less), for the nodes where it fits; the pod's shape is not observed (a score
+        asked beside another scheduler's decision)."""
+        share = _single_share(request)
+        if self._answers_generation != self.shapes.generation:
+            self._new_generation()
+        found: dict[str, float] = {}
+        for entry in self._costs(names, nodes, request, device_policy, share, pod_room):
+            if entry is not None:
+                found[entry[2]] = entry[0]
+        return found
+
     def choose_room_only(
         self, names: Collection[str], nodes: Mapping[str, NodeLike], pod_room: tuple[int, int]
     ) -> tuple[str | None, int]:
