@@ -179,6 +179,11 @@ class SchedulerConfig:
     # cores (Go HAMi's nvidia.defaultGPUNum): without the count resource kubelet never calls
     # the device plugin and the container would run with no limits at all.
     default_device_count: int = 1
+    # DRA mode (docs/dra.md "Scoring nodes in DRA mode"): serve /prioritize, ranking the
+    # nodes kube-scheduler chooses between by the defrag policy's cost of the pod's claims
+    # on backends with mode: dra; needs list/watch on resourceslices, resourceclaims and
+    # resourceclaimtemplates, and kube-scheduler's extender entry with prioritizeVerb.
+    dra_score: bool = False
     http: HttpConfig = HttpConfig(port=9395)  # /healthz, /readyz, /metrics
     extender: ExtenderConfig = ExtenderConfig()
     webhook: WebhookConfig = WebhookConfig()
@@ -353,6 +358,13 @@ def _check(config: Config) -> None:
         raise ConfigError(
             "config key scheduler.defrag_cpu_pods: needs scheduler.node_policy: defrag "
             f"(got {config.scheduler.node_policy!r}); set both, or drop defrag_cpu_pods"
+        )
+    if config.scheduler.dra_score and not any(
+        b.mode == "dra" for b in config.enabled_backends().values()
+    ):
+        raise ConfigError(
+            "config key scheduler.dra_score: needs an enabled backend with mode: dra (the "
+            "score ranks nodes by the claims on hami's DRA drivers); set one, or drop dra_score"
         )
     for key, duration in (
         ("node.register_period", config.node.register_period),

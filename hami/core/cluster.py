@@ -806,6 +806,19 @@ class Cluster:
     def delete_pod(self, key: str) -> None:
         self._set_record(key, None)
 
+    def set_hold(
+        self, key: str, node: str, usage: Mapping[str, Use], types: Mapping[str, str]
+    ) -> None:
+        """What ``key`` holds on ``node`` (device uuid -> use; ``types``: uuid -> type word)
+        when another allocator placed it (the DRA mode's allocated ResourceClaims): counted
+        as a bound pod's hold. Empty ``usage`` drops it."""
+        record = None
+        if usage:
+            record = PodRecord(
+                sys.intern(key), "", sys.intern(node), dict(usage), True, types=dict(types)
+            )
+        self._set_record(sys.intern(key), record)
+
     def _set_record(self, key: str, record: PodRecord | None) -> None:
         self.lapsed.pop(key, None)
         self.reservations.pop(key, None)

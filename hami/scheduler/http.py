@@ -1,7 +1,8 @@
 """The scheduler's HTTP surface (aiohttp), as three applications on three listeners:
 
 - extender (``scheduler.extender``, loopback by default): ``/filter``, ``/bind``,
-  ``/explain``; kube-scheduler in the same pod is its only client;
+  ``/explain``, and ``/prioritize`` with ``scheduler.dra_score`` (``hami.scheduler.drascore``);
+  kube-scheduler in the same pod is its only client;
 - probes (``scheduler.http``, all addresses): ``/healthz``, ``/readyz``, ``/metrics``;
 - webhook (``scheduler.webhook``, TLS): ``/webhook`` and ``/healthz``.
 
@@ -23,6 +24,7 @@ import orjson
 from aiohttp import web
 
 from hami import log
+from hami.scheduler.drascore import DraScore, candidate_names, no_opinion
 from hami.scheduler.metrics import CONTENT_TYPE
 from hami.scheduler.service import Scheduler
 from hami.scheduler.webhook import review
@@ -136,6 +138,23 @@ def add_extender_routes(
     app.router.add_get("/explain", explain)
 
 
+def add_prioritize_route(
+    app: web.Application, score: DraScore, ready: Readiness | None = None
+) -> None:
+    """``POST /prioritize``: the DRA mode's node score. Always 200 with a HostPriorityList
+    (no opinion, all 0, when not ready or the body is unreadable): kube-scheduler stays in
+    charge either way."""
+
+    async def prioritize(request: web.Request) -> web.Response:
+        body, error = await _json_body(request, MAX_BODY)
+        if error is not None or not isinstance(body, dict):
+            _log.warning("prioritize body unreadable; no score", error=error or "not an object")
+            return _json(no_opinion(candidate_names(body if isinstance(body, dict) else {})))
+        return _json(score.prioritize(body, ready() if ready is not None else None))
+
+    app.router.add_post("/prioritize", prioritize)
+
+
 def add_probe_routes(
     app: web.Application, scheduler: Scheduler, ready: Readiness | None = None
 ) -> None:
@@ -191,9 +210,16 @@ def _app() -> web.Application:
     return web.Application(client_max_size=MAX_WEBHOOK_BODY)
 
 
-def extender_app(scheduler: Scheduler, ready: Readiness | None = None) -> web.Application:
+def extender_app(
+    scheduler: Scheduler,
+    ready: Readiness | None = None,
+    score: DraScore | None = None,
+    score_ready: Readiness | None = None,
+) -> web.Application:
     app = _app()
     add_extender_routes(app, scheduler, ready)
+    if score is not None:
+        add_prioritize_route(app, score, score_ready or ready)
     return app
 
 

@@ -35,9 +35,10 @@ from hami.backends import registry
 from hami.backends.base import BackendError
 from hami.core.requests import DeviceKind
 from hami.kube.client import Kube, KubeConfigError, open_client
-from hami.kube.reflector import Reflector
+from hami.kube.reflector import Handler, Reflector
 from hami.listener import Limits, Listener
 from hami.scheduler import heap, podinfo
+from hami.scheduler.drascore import DraScore
 from hami.scheduler.http import (
     ClientCertTLS,
     ExtenderTLSError,
@@ -75,6 +76,27 @@ def device_kinds(cfg: config.Config) -> list[DeviceKind]:
     return list(kinds.values())
 
 
+def dra_kinds(cfg: config.Config) -> list[DeviceKind]:
+    """The device kinds of the enabled backends in ``mode: dra`` (one per type word)."""
+    kinds: dict[str, DeviceKind] = {}
+    for name, section in cfg.enabled_backends().items():
+        if section.mode == "dra":
+            kind = DeviceKind.from_backend(registry.create(name, section.settings(name)))
+            kinds.setdefault(kind.type_word, kind)
+    return list(kinds.values())
+
+
+RESOURCE_API = "/apis/resource.k8s.io/v1"
+
+
+def _fan_out(*handlers: Handler) -> Handler:
+    def handle(kind: str, obj: dict[str, Any]) -> None:
+        for handler in handlers:
+            handler(kind, obj)
+
+    return handle
+
+
 class RoleFailed(Exception):
     """A long-lived task of the scheduler role ended; the process must restart."""
 
@@ -103,6 +125,15 @@ class SchedulerRole:
             clock=clock,
             emit_events=emit_events,
         )
+        # scheduler.dra_score: the DRA mode's /prioritize (hami.scheduler.drascore)
+        self.dra_score: DraScore | None = None
+        if cfg.scheduler.dra_score:
+            self.dra_score = DraScore(
+                dra_kinds(cfg),
+                self.scheduler.metrics.registry,
+                device_policy=cfg.scheduler.device_policy,
+                clock=self.scheduler.clock.now,
+            )
         self.handshake_loop = handshake_loop
         self.stale_grace = stale_grace
         self.url = ""
@@ -113,6 +144,7 @@ class SchedulerRole:
         self.selftls: SelfTLS | None = None  # scheduler.webhook.tls_mode self
         self.elector: LeaderElector | None = None  # scheduler.leader_election.enabled
         self.reflectors: list[Reflector] = []
+        self.dra_reflectors: list[Reflector] = []  # scheduler.dra_score's watches
         self._group: asyncio.Task[None] | None = None
         self.listeners: list[Listener] = []  # probes, extender, webhook (when enabled)
 
@@ -135,8 +167,13 @@ class SchedulerRole:
     async def start(self) -> None:
         sched = self.scheduler
         settings = self.cfg.scheduler
-        nodes = Reflector(self.kube, "/api/v1/nodes", sched.on_node, name="nodes")
-        pods = Reflector(self.kube, "/api/v1/pods", sched.on_pod, name="pods")
+        on_node: Handler = sched.on_node
+        on_pod: Handler = sched.on_pod
+        score = self.dra_score
+        if score is not None:
+            on_node, on_pod = _fan_out(on_node, score.on_node), _fan_out(on_pod, score.on_pod)
+        nodes = Reflector(self.kube, "/api/v1/nodes", on_node, name="nodes")
+        pods = Reflector(self.kube, "/api/v1/pods", on_pod, name="pods")
         self.reflectors = [nodes, pods]
         work: list[tuple[str, Work]] = [
             ("reflector-nodes", nodes.run),
@@ -153,6 +190,16 @@ class SchedulerRole:
             )
             self.reflectors.append(quotas)
             work.append(("reflector-resourcequotas", quotas.run))
+        if score is not None:
+            # DRA objects feed only the score: their watches never hold up /filter
+            for what, handler in (
+                ("resourceslices", score.on_slice),
+                ("resourceclaims", score.on_claim),
+                ("resourceclaimtemplates", score.on_template),
+            ):
+                reflector = Reflector(self.kube, f"{RESOURCE_API}/{what}", handler, name=what)
+                self.dra_reflectors.append(reflector)
+                work.append((f"reflector-{what}", reflector.run))
         if self.handshake_loop:
             work.append(("handshake", sched.handshake_loop))
         recorder = sched.event_recorder()
@@ -176,6 +223,7 @@ class SchedulerRole:
             types=[k.type_word for k in sched.kinds],
             node_policy=settings.node_policy,
             device_policy=settings.device_policy,
+            dra_score=[k.type_word for k in score.kinds.values()] if score else None,
         )
 
     async def _serve_all(self, work: list[tuple[str, Work]]) -> None:
@@ -198,7 +246,8 @@ class SchedulerRole:
                 "scheduler.extender.tls or keep scheduler.extender.address 127.0.0.1",
                 address=ext.address,
             )
-        host, port = await self._serve(extender_app(sched, self.not_ready), ext, ssl_context)
+        app = extender_app(sched, self.not_ready, self.dra_score, self.score_not_ready)
+        host, port = await self._serve(app, ext, ssl_context)
         self.url = f"{scheme}://{_display(host)}:{port}"
         hook = settings.webhook
         if hook.enabled:
@@ -242,11 +291,24 @@ class SchedulerRole:
             return "a scheduler task ended; the process must restart"
         return None
 
+    def score_not_ready(self) -> str | None:
+        """Why the DRA score has no opinion now (its watches not synced or broken)."""
+        reason = self.not_ready()
+        if reason is not None:
+            return reason
+        for reflector in self.dra_reflectors:
+            if not reflector.synced.is_set():
+                return f"the {reflector.name} watch has not synced yet"
+            down = reflector.down_for()
+            if down > self.stale_grace:
+                return f"the {reflector.name} watch has been broken for {down:.0f}s"
+        return None
+
     async def wait_ready(self, seconds: float = 30.0) -> None:
         async with asyncio.timeout(seconds):
             await self.scheduler.nodes_synced.wait()
             await self.scheduler.pods_synced.wait()
-            for reflector in self.reflectors:
+            for reflector in (*self.reflectors, *self.dra_reflectors):
                 await reflector.synced.wait()
 
     async def serve(self, stop: asyncio.Event) -> None:
