@@ -76,6 +76,26 @@ DEVICE_CLASSES = "/apis/resource.k8s.io/v1/deviceclasses"
 Progress = Callable[[str], None]
 
 
+# kube-scheduler multiplies an extender's 0..10 by weight x 10 (MaxNodeScore / 10): at 5
+# the defrag score's worst-to-best step (9 points, 450) outweighs what the default plugins
+# (NodeResourcesFit, BalancedAllocation: 0..100 each) can differ by.
+DRA_SCORE_WEIGHT = 5
+
+
+def dra_score_extender(url: str, weight: int = DRA_SCORE_WEIGHT) -> dict[str, Any]:
+    """kube-scheduler's extender entry for the DRA mode's score (docs/dra.md): prioritize
+    only, no filter, bind or managed resources, and ignorable, so a hami scheduler that is
+    down never holds a pod up."""
+    return {
+        "urlPrefix": url,
+        "prioritizeVerb": "prioritize",
+        "weight": weight,
+        "nodeCacheCapable": True,
+        "ignorable": True,
+        "httpTimeout": "5s",
+    }
+
+
 def _quiet(_: str) -> None:
     pass
 
@@ -324,10 +344,14 @@ class LocalCluster:
         progress: Progress | None = None,
         mode: str = "extender",
         defrag_cpu_pods: bool = False,
+        dra_score: bool = False,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
+        if dra_score and mode != "dra":
+            raise ValueError("dra_score: the DRA mode's node score needs mode='dra'")
         self.mode = mode
+        self.dra_score = dra_score
         self.id = uuid.uuid4().hex[:6]
         self.specs = list(nodes)
         self._given_plane = plane
@@ -373,6 +397,7 @@ class LocalCluster:
             "node_policy": node_policy,
             "device_policy": device_policy,
             "defrag_cpu_pods": defrag_cpu_pods,
+            "dra_score": self.dra_score,
             "webhook": {"enabled": False},
         }
         if self.webhook:
@@ -399,13 +424,17 @@ class LocalCluster:
     def kube_scheduler_config(self) -> dict[str, Any]:
         """kube-scheduler with hami as its extender, as config/kube-scheduler.yaml has it
         (plus a short pod back-off, so retried pods come back in about a second). In DRA
-        mode: the default plugins only (DynamicResources allocates the claims)."""
+        mode: the default plugins only (DynamicResources allocates the claims), and with
+        ``dra_score`` hami as a score-only extender (prioritizeVerb; ignorable)."""
         if self.mode == "dra":
-            return {
+            body: dict[str, Any] = {
                 "podInitialBackoffSeconds": self.timing.pod_initial_backoff,
                 "podMaxBackoffSeconds": self.timing.pod_max_backoff,
                 "profiles": [{"schedulerName": SCHEDULER_NAME}],
             }
+            if self.dra_score:
+                body["extenders"] = [dra_score_extender(f"http://127.0.0.1:{self.port}")]
+            return body
         assert self.role is not None
         resources = [
             name for kind in self.role.scheduler.kinds for name in kind.managed_resources()
@@ -474,6 +503,9 @@ class LocalCluster:
             self.controller_manager = self.plane.start_controller_manager(
                 name=f"kube-controller-manager-{self.id}"
             )
+            if self.dra_score:
+                self.progress(f"starting the hami scheduler role (DRA score) on :{self.port} ...")
+                await self.start_role()
             self.progress("starting kube-scheduler (default plugins: DRA allocates) ...")
         else:
             self.progress(f"starting the hami scheduler role on 127.0.0.1:{self.port} ...")
