@@ -119,8 +119,14 @@ HAMI_STYLE = ("vgpu", "gpu-system", ("-f", str(HAMI_VALUES), "--api-versions", S
 
 @pytest.mark.parametrize(
     "values",
-    [(), ("-f", str(HAMI_VALUES)), ("--set", "devicePlugin.mode=dra"), ("-f", str(GOHAMI_VALUES))],
-    ids=["defaults", "hami", "dra", "gohami"],
+    [
+        (),
+        ("-f", str(HAMI_VALUES)),
+        ("--set", "devicePlugin.mode=dra"),
+        ("--set", "devicePlugin.mode=dra", "--set", "scheduler.draScore.enabled=true"),
+        ("-f", str(GOHAMI_VALUES)),
+    ],
+    ids=["defaults", "hami", "dra", "dra-score", "gohami"],
 )
 def test_helm_lint_is_clean(values: tuple[str, ...]) -> None:
     result = helm("lint", "--strict", str(CHART), *values)
@@ -583,6 +589,38 @@ def test_dra_mode_renders_backends_rbac_mounts_and_no_extender() -> None:
     assert ("ValidatingAdmissionPolicy", "hami-node-scope") in objs
 
 
+def test_dra_score_renders_a_prioritize_only_extender_and_its_watch_rights() -> None:
+    docs = render(*DRA, "--set", "scheduler.draScore.enabled=true")
+    hami_cfg, sched = configs(docs)
+    assert hami_cfg.scheduler.dra_score is True
+    (extender,) = sched["extenders"]
+    assert extender == {
+        "urlPrefix": f"http://127.0.0.1:{hami_cfg.scheduler.extender.port}",
+        "prioritizeVerb": "prioritize",
+        "weight": 5,
+        "nodeCacheCapable": True,
+        "ignorable": True,
+        "httpTimeout": "5s",
+        "enableHTTPS": False,
+    }
+    role = by_key(docs)[("ClusterRole", "hami-scheduler")]
+    rules = {
+        resource: sorted(rule["verbs"])
+        for rule in role["rules"]
+        if "resource.k8s.io" in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    assert rules == {
+        name: ["list", "watch"]
+        for name in ("resourceslices", "resourceclaims", "resourceclaimtemplates")
+    }
+    # off by default: the DRA rendering keeps kube-scheduler alone and the role without rights
+    hami_cfg, sched = configs(render(*DRA))
+    assert not hami_cfg.scheduler.dra_score and "extenders" not in sched
+    plain = by_key(render(*DRA))[("ClusterRole", "hami-scheduler")]
+    assert not any("resource.k8s.io" in rule["apiGroups"] for rule in plain["rules"])
+
+
 def test_dra_mode_paths_follow_the_config_value() -> None:
     docs = render(*DRA, "--set", "config.node.dra.cdi_dir=/etc/cdi")
     hami_cfg, _ = configs(docs)
@@ -682,9 +720,10 @@ async def _dry_run_all(kube: Kube, docs: Docs) -> None:
         HAMI_STYLE,
         ("hami", "hami-certs", ("--set", "scheduler.certManager.enabled=true")),
         ("hami-dra", "hami-dra", DRA),
+        ("hami-score", "hami-score", (*DRA, "--set", "scheduler.draScore.enabled=true")),
         ("vgpu", "gohami-style", GOHAMI_STYLE[2]),
     ],
-    ids=["defaults", "hami-values", "cert-manager", "dra", "gohami-values"],
+    ids=["defaults", "hami-values", "cert-manager", "dra", "dra-score", "gohami-values"],
 )
 async def test_every_rendered_object_passes_server_side_dry_run(
     kube: Kube, release: str, namespace: str, args: tuple[str, ...]

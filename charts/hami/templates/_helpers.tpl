@@ -185,6 +185,7 @@ imagePullSecrets:
   "plugins_dir" "/var/lib/kubelet/plugins"
   "registry_dir" "/var/lib/kubelet/plugins_registry"
   "cdi_dir" "/var/run/cdi") -}}
+{{- $_ := set $cfg.scheduler "dra_score" $v.scheduler.draScore.enabled -}}
 {{- end -}}
 {{- toYaml (mergeOverwrite $cfg (deepCopy $v.config)) -}}
 {{- end -}}
