@@ -317,3 +317,63 @@ def test_defrag_cpu_pods_needs_the_defrag_policy() -> None:
         {"scheduler": {"defrag_cpu_pods": True, "node_policy": "defrag"}}, env={}
     )
     assert cfg.scheduler.defrag_cpu_pods
+
+
+# ------------------------------------------------------------------ the caches
+
+
+def uncached_costs(
+    cluster: Cluster, request: Any, room: tuple[int, int], free_by_model: dict[str, int]
+) -> dict[str, float]:
+    """The same costs from a policy with nothing cached but the window, the nodes' free
+    CPU and memory, and the free cores per model the pressure term read."""
+    from hami.core.defragpolicy import DefragPolicy
+
+    fresh = DefragPolicy()
+    fresh.shapes = cluster.defrag.shapes
+    fresh.fragment = defrag.FragmentCache(fresh.shapes)
+    fresh.room = dict(cluster.defrag.room)
+    fresh.free_by_model = free_by_model
+    names, indexed = cluster._schedulable(None)
+    return fresh.costs(names, indexed, request, cluster.device_policy, room)
+
+
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("place"), st.sampled_from([10, 30, 50, 100]), st.integers(0, 3)),
+        st.tuples(st.just("room"), st.sampled_from(["a", "b", "c"]), st.integers(0, 8)),
+        st.tuples(st.just("release"), st.integers(0, 40), st.just(0)),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps)
+def test_cached_answers_equal_answers_worked_out_afresh(ops: list[tuple[str, Any, int]]) -> None:
+    """Placements, releases and room changes in any order: every decision's costs, read
+    through the per-key answers and the per-question results, equal the costs a policy
+    with nothing cached works out, and the decision takes the cheapest of them."""
+    cluster = cluster_with(("a", 2), ("b", 2), ("c", 3))
+    placed: list[str] = []
+    for i, (op, arg, extra) in enumerate(ops):
+        if op == "room":
+            cluster.set_node_room(arg, 1000 * extra, 2048 * extra)
+        elif op == "release" and placed:
+            cluster.release(placed.pop(arg % len(placed)))
+        elif op == "place":
+            obj = whole(f"p{i}") if arg == 100 else share(f"p{i}", arg)
+            room = (500 * extra, 1024 * extra)
+            request = parse_pod(obj, [NVIDIA])
+            assert request is not None
+            cluster.defrag.shapes.observe(defrag.Shape("nvidia", 1, arg, 0, arg, (), (), *room))
+            free_by_model = dict(cluster.defrag.free_by_model)
+            cached = cluster.weigh(request, None, room, observe=False)
+            assert cached == uncached_costs(cluster, request, room, free_by_model)
+            decision = cluster.decide(request, pod_room=room)
+            if decision.node is None or decision.fit is None:
+                continue
+            assert cached[decision.node] == pytest.approx(min(cached.values()))
+            cluster.reserve(f"default/p{i}", f"p{i}", decision.node, decision.fit)
+            placed.append(f"default/p{i}")

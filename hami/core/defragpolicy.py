@@ -8,7 +8,7 @@ cheapest placement is worked out once per distinct key, and the cheapest node wi
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -25,6 +25,7 @@ DEFRAG = "defrag"
 STARVED_WEIGHT = 2.0
 PRESSURE_WEIGHT = 2.0
 MAX_ANSWERS = 500_000  # cached answers (each a few hundred bytes) before starting over
+MAX_QUESTIONS = 256  # distinct (request, pod CPU and memory) with per-node results kept
 
 
 class NodeLike(Protocol):
@@ -43,9 +44,20 @@ class Choice:
     cost: float  # the fragment's increase
 
 
-# A per-decision answer for one node key: (cost, the device key to take) or None (no
-# fit); the device key is None where the node's own fit decides the devices.
-_Answer = tuple[float, defrag.DeviceKey | None] | None
+# A per-decision answer for one node key: (cost, the device key to take, the device
+# model the pressure term charges) or None (no fit); the device key is None where the
+# node's own fit decides the devices.
+_Answer = tuple[float, defrag.DeviceKey | None, str] | None
+_MISSING: _Answer = (0.0, None, "")  # not an answer: absent from the cache
+# A node weighed for a pod: (cost, -utilisation, name, the device key to take).
+_Ranked = tuple[float, float, str, defrag.DeviceKey | None]
+# Per node: (window generation, its key, the key's number, its free cores, its free CPU
+# and memory or None, the cores those starve).
+_Entry = tuple[int, defrag.NodeKey, int, int, tuple[int, int] | None, float]
+# A node's result for one question: (its entry then, the answer's cost or None for no
+# fit, the model pressure charges, the device key to take, -utilisation, the starving
+# term).
+_Quick = tuple[_Entry, float | None, str, defrag.DeviceKey | None, float, float]
 
 
 class DefragPolicy:
@@ -54,17 +66,21 @@ class DefragPolicy:
         self.fragment = defrag.FragmentCache(self.shapes)
         # free (CPU millicores, memory MiB) per node, where known
         self.room: dict[str, tuple[int, int]] = {}
-        # node -> (window generation, its key, the key's number, its free cores)
-        self._keys: dict[str, tuple[int, defrag.NodeKey, int, int]] = {}
+        # node -> (window generation, its key, the key's number, its free cores, its free
+        # CPU and memory or None, the cores they starve)
+        self._keys: dict[str, _Entry] = {}
         # node keys numbered (per generation): answers are looked up by small ints, not
         # by hashing a tuple of device tuples each time
         self._key_ids: dict[defrag.NodeKey, int] = {}
         self.free_by_model: dict[str, int] = {}
         self._free_of: dict[str, dict[str, int]] = {}
-        # what is asked -> (node key number, CPU and memory covered after the pod) ->
+        # what is asked -> (node key number, CPU and memory covered after the pod; one int) ->
         # answer, for one window generation
-        self._answers: dict[Hashable, dict[tuple[int, int, int], _Answer]] = {}
+        self._answers: dict[Hashable, dict[int, _Answer]] = {}
         self._answers_generation = -1
+        # (what is asked, the pod's CPU and memory) -> node -> its result (``_scan``)
+        self._quick: dict[Hashable, dict[str, _Quick]] = {}
+        self._quick_size = 0
 
     def forget(self, node: str) -> None:
         """``node`` changed: its key is worked out again when next needed."""
@@ -97,7 +113,7 @@ class DefragPolicy:
     def node_key(self, node: NodeLike) -> defrag.NodeKey:
         return self._node_entry(node)[1]
 
-    def _node_entry(self, node: NodeLike) -> tuple[int, defrag.NodeKey, int, int]:
+    def _node_entry(self, node: NodeLike) -> _Entry:
         generation = self.shapes.generation
         known = self._keys.get(node.name)
         if known is not None and known[0] == generation:
@@ -118,7 +134,11 @@ class DefragPolicy:
             covered,
         )
         number = self._key_ids.setdefault(key, len(self._key_ids))
-        entry = (generation, key, number, sum(d[3] for d in key[0]))
+        free = sum(d[3] for d in key[0])
+        starved_before = (
+            0.0 if room is None else defrag.starved(free, room[0], room[1], self.shapes)
+        )
+        entry = (generation, key, number, free, room, starved_before)
         self._keys[node.name] = entry
         self._count_free(node.name, key)
         return entry
@@ -126,6 +146,8 @@ class DefragPolicy:
     def _new_generation(self) -> None:
         """The window's weights changed: every cached answer and key number is stale."""
         self._answers.clear()
+        self._quick.clear()
+        self._quick_size = 0
         self._key_ids.clear()
         self._keys.clear()  # their key numbers are gone too
         self._answers_generation = self.shapes.generation
@@ -160,31 +182,18 @@ class DefragPolicy:
         shape = defrag.shape_of(request, *pod_room)
         if shape is not None:
             self.shapes.observe(shape)
-        if (
-            self._answers_generation != self.shapes.generation
-            or len(self._key_ids) > MAX_ANSWERS
-            or sum(len(a) for a in self._answers.values()) > MAX_ANSWERS
-        ):
-            self._new_generation()
+        self._check_generation()
         share = _single_share(request)
-        best: tuple[float, float, str, defrag.DeviceKey | None] | None = None
-        looked = 0
-        for entry in self._costs(names, nodes, request, device_policy, share, pod_room):
-            looked += 1
-            if entry is not None and (best is None or entry < best):
-                best = entry
+        best, looked = self._scan(names, nodes, request, device_policy, share, pod_room)
         if best is None:
             return None, looked
         fit = _realise(nodes[best[2]], request, device_policy, share, best[3])
         if fit is not None and not rejects(fit):
             return Choice(best[2], fit, best[0]), looked
         # the cheapest is turned down (a namespace quota): the others, cheapest first
-        ranked = sorted(
-            entry
-            for entry in self._costs(names, nodes, request, device_policy, share, pod_room)
-            if entry is not None and entry[2] != best[2]
-        )
-        for cost, _util, name, pick in ranked:
+        every: list[_Ranked] = []
+        self._scan(names, nodes, request, device_policy, share, pod_room, every)
+        for cost, _util, name, pick in sorted(e for e in every if e[2] != best[2]):
             fit = _realise(nodes[name], request, device_policy, share, pick)
             if fit is not None and not rejects(fit):
                 return Choice(name, fit, cost), looked
@@ -199,16 +208,20 @@ class DefragPolicy:
         pod_room: tuple[int, int],
     ) -> dict[str, float]:
         """Every named node's cost for the pod (what ``choose`` minimises; lower strands
-        less), for the nodes where it fits; the pod's shape is not observed (a score
-        asked beside another scheduler's decision)."""
+        less), for the nodes where it fits; the pod's shape is not observed here."""
+        self._check_generation()
+        every: list[_Ranked] = []
         share = _single_share(request)
-        if self._answers_generation != self.shapes.generation:
+        self._scan(names, nodes, request, device_policy, share, pod_room, every)
+        return {name: cost for cost, _util, name, _pick in every}
+
+    def _check_generation(self) -> None:
+        if (
+            self._answers_generation != self.shapes.generation
+            or len(self._key_ids) > MAX_ANSWERS
+            or sum(len(a) for a in self._answers.values()) > MAX_ANSWERS
+        ):
             self._new_generation()
-        found: dict[str, float] = {}
-        for entry in self._costs(names, nodes, request, device_policy, share, pod_room):
-            if entry is not None:
-                found[entry[2]] = entry[0]
-        return found
 
     def choose_room_only(
         self, names: Collection[str], nodes: Mapping[str, NodeLike], pod_room: tuple[int, int]
@@ -255,7 +268,7 @@ class DefragPolicy:
         )
         return STARVED_WEIGHT * (after - defrag.starved(free, room[0], room[1], shapes))
 
-    def _costs(
+    def _scan(
         self,
         names: Iterable[str],
         nodes: Mapping[str, NodeLike],
@@ -263,54 +276,115 @@ class DefragPolicy:
         device_policy: str,
         share: DeviceRequest | None,
         pod_room: tuple[int, int],
-    ) -> Iterator[tuple[float, float, str, defrag.DeviceKey | None] | None]:
-        """Per node looked at: (cost, -utilisation, name, device key to take), or None
-        when the pod does not fit there. Nodes in the same state after the pod share one
-        answer (``_answers``), unless devices are picked by uuid or link scores."""
+        every: list[_Ranked] | None = None,
+    ) -> tuple[_Ranked | None, int]:
+        """The cheapest node among ``names`` as (cost, -utilisation, name, device key to
+        take), and how many nodes were looked at; with ``every``, each node where the pod
+        fits is added to it. Nodes in the same state after the pod share one answer
+        (``_answers``), unless devices are picked by uuid or link scores.
+
+        The hot loop of a decision: one pass, dictionary look-ups by small ints, and the
+        per-node terms worked out inline (the same arithmetic as ``_starving``)."""
         cacheable = _cacheable(request, device_policy)
         answers = self._answers.setdefault(_asked(request, device_policy), {}) if cacheable else {}
         cpu, memory = pod_room
-        cpu_steps, memory_steps = self.shapes.cpu_steps, self.shapes.memory_steps
-        generation = self.shapes.generation
-        keys, rooms = self._keys, self.room
-        pressure = self.pressure() if PRESSURE_WEIGHT else {}
-        taken_cores = _cores_of(request)
+        shapes = self.shapes
+        cpu_steps, memory_steps = shapes.cpu_steps, shapes.memory_steps
+        cpu_per_core, memory_per_core = shapes.cpu_per_core, shapes.memory_per_core
+        generation = shapes.generation
+        keys = self._keys
+        taken = _cores_of(request)
+        # the pressure term per device model: constant through one decision
+        press = (
+            {m: PRESSURE_WEIGHT * taken * (p - 1.0) for m, p in self.pressure().items()}
+            if PRESSURE_WEIGHT
+            else {}
+        )
+        starve = STARVED_WEIGHT
+        # this question's per-node results, valid while the node's entry is the same
+        # object (``forget``, ``set_room`` and a new generation replace it)
+        quick: dict[str, _Quick] = {}
+        if cacheable:
+            question = (_asked(request, device_policy), pod_room)
+            found = self._quick.get(question)
+            if found is None:
+                if len(self._quick) >= MAX_QUESTIONS or self._quick_size > MAX_ANSWERS:
+                    self._quick.clear()
+                    self._quick_size = 0
+                found = self._quick[question] = {}
+            quick = found
+        best: _Ranked | None = None
+        best_cost = 0.0
+        looked = 0
         for name in names:
-            node = nodes.get(name)
-            if node is None:
-                continue
-            entry = keys.get(name)
-            if entry is None or entry[0] != generation:
-                entry = self._node_entry(node)
-            _generation, key, number, free = entry
-            room = rooms.get(name)
-            if room is None:
-                memo = (number, key[1], key[2])
-            elif room[0] < cpu or room[1] < memory:
-                yield None  # kube-scheduler's NodeResourcesFit would not offer it
-                continue
+            known = quick.get(name)
+            if known is not None and known[0] is keys.get(name):
+                looked += 1
+                _entry, cost, model, pick, neg_util, starving = known
+                if cost is None:
+                    continue
             else:
-                memo = (
-                    number,
-                    bisect_right(cpu_steps, room[0] - cpu),
-                    bisect_right(memory_steps, room[1] - memory),
-                )
-            if memo in answers:
-                answer = answers[memo]
-            else:
-                answer = self._answer(node, request, device_policy, share, key, memo[1:])
+                node = nodes.get(name)
+                if node is None:
+                    continue
+                looked += 1
+                entry = keys.get(name)
+                if entry is None or entry[0] != generation:
+                    entry = self._node_entry(node)
+                _generation, key, number, free, room, starved_before = entry
+                if room is None:
+                    memo = number << 16 | key[1] << 8 | key[2]
+                else:
+                    cpu_left = room[0] - cpu
+                    memory_left = room[1] - memory
+                    if cpu_left < 0 or memory_left < 0:
+                        # kube-scheduler's NodeResourcesFit would not offer it
+                        if cacheable:
+                            quick[name] = (entry, None, "", None, 0.0, 0.0)
+                            self._quick_size += 1
+                        continue
+                    memo = (
+                        number << 16
+                        | bisect_right(cpu_steps, cpu_left) << 8
+                        | bisect_right(memory_steps, memory_left)
+                    )
+                answer = answers.get(memo, _MISSING)
+                if answer is _MISSING:
+                    answer = self._answer(
+                        node, request, device_policy, share, key, (memo >> 8 & 255, memo & 255)
+                    )
+                    if cacheable:
+                        answers[memo] = answer
+                if answer is None:
+                    if cacheable:
+                        quick[name] = (entry, None, "", None, 0.0, 0.0)
+                        self._quick_size += 1
+                    continue
+                cost, pick, model = answer
+                starving = 0.0
+                if room is not None and starve:
+                    left = free - taken if free > taken else 0
+                    usable = float(left)
+                    if cpu_per_core > 0:
+                        usable = min(usable, cpu_left / cpu_per_core)
+                    if memory_per_core > 0:
+                        usable = min(usable, memory_left / memory_per_core)
+                    starving = starve * (left - max(0.0, usable) - starved_before)
+                neg_util = -node.utilisation
                 if cacheable:
-                    answers[memo] = answer
-            if answer is None:
-                yield None
-                continue
-            cost = answer[0]
-            if pressure:
-                model = answer[1][0] if answer[1] is not None else (key[0][0][0] if key[0] else "")
-                cost += PRESSURE_WEIGHT * taken_cores * (pressure.get(model, 1.0) - 1.0)
-            if room is not None:
-                cost += self._starving(free, taken_cores, room, pod_room)
-            yield (cost, -node.utilisation, name, answer[1])
+                    quick[name] = (entry, cost, model, pick, neg_util, starving)
+                    self._quick_size += 1
+            if press:
+                cost += press.get(model, 0.0)
+            cost += starving
+            if every is not None:
+                every.append((cost, neg_util, name, pick))
+            if best is None or cost < best_cost:
+                best = (cost, neg_util, name, pick)
+                best_cost = cost
+            elif cost == best_cost and (neg_util, name) < best[1:3]:
+                best = (cost, neg_util, name, pick)
+        return best, looked
 
     def _answer(
         self,
@@ -327,7 +401,7 @@ class DefragPolicy:
             if view is None or view.unavailable is not None:
                 return None
             selectors = request.selectors_for(share.type_word)
-            best: tuple[float, defrag.DeviceKey] | None = None
+            best: tuple[float, defrag.DeviceKey, str] | None = None
             seen: set[defrag.DeviceKey] = set()
             for device in view.devices:
                 dkey = defrag.device_key(share.type_word, device)
@@ -339,7 +413,7 @@ class DefragPolicy:
                 after = defrag.taken(dkey, share.memory_on(device.total_memory), share.cores)
                 cost = self.fragment(_replace_all(key, after_room, [(dkey, after)])) - before
                 if best is None or cost < best[0]:
-                    best = (cost, dkey)
+                    best = (cost, dkey, dkey[0])
             return best
         result = fit_pod(node.views, request, device_policy)
         if not isinstance(result, NodeFit):
@@ -353,7 +427,8 @@ class DefragPolicy:
             if dkey is None:
                 continue
             replaced.append((dkey, defrag.taken(dkey, use.memory, use.cores)))
-        return self.fragment(_replace_all(key, after_room, replaced)) - before, None
+        cost = self.fragment(_replace_all(key, after_room, replaced)) - before
+        return cost, None, key[0][0][0] if key[0] else ""
 
 
 def _replace_all(
