@@ -51,7 +51,7 @@ def test_window_weighs_by_demand_and_keeps_the_most_demanded() -> None:
         window.observe(shape(cores=10))  # 10 pods x 10 % = 100
     window.observe(shape(count=8, cores=100))  # 1 pod x 800 %
     window.observe(shape(cores=5))  # 1 x 5: dropped (only two shapes weighed)
-    window._reweigh()
+    window.force_reweigh()
     weights = dict(window.weights)
     assert set(weights) == {shape(cores=10), shape(count=8, cores=100)}
     assert weights[shape(count=8, cores=100)] == pytest.approx(800 / 900)
@@ -63,8 +63,30 @@ def test_window_forgets_shapes_older_than_its_length() -> None:
         window.observe(shape(cores=10))
     for _ in range(4):
         window.observe(shape(cores=70))
-    window._reweigh()
+    window.force_reweigh()
     assert [s for s, _w in window.weights] == [shape(cores=70)]
+
+
+def test_a_steady_workload_keeps_its_weights_and_a_new_one_replaces_them() -> None:
+    """The weights (and every cached node state with them) change only when the recent
+    demand moved by REWEIGH_TOLERANCE or more, not at every REWEIGH_EVERY pods."""
+    import random
+
+    rng = random.Random(7)
+    window = defrag.ShapeWindow(window=400)
+    mix = [shape(cores=10), shape(cores=50), shape(count=2, cores=100)]
+    for _ in range(4000):  # ten windows of one mix, drawn at random
+        window.observe(rng.choice(mix))
+    settled = window.generation
+    for _ in range(4000):
+        window.observe(rng.choice(mix))
+    assert window.generation == settled  # sampling noise alone never reweighs
+    for _ in range(800):  # the workload changes: only 30 % shares now
+        window.observe(shape(cores=30))
+    assert window.generation > settled
+    # the weights in use are within the tolerance of the window's pure new mix
+    assert defrag.moved(window.weights, [(shape(cores=30), 1.0)]) < defrag.REWEIGH_TOLERANCE
+    assert defrag.moved(window.weights, window.weights) == 0.0
 
 
 keys = st.tuples(
@@ -109,7 +131,7 @@ def test_the_bit_mask_form_equals_the_plain_definition(
     window = defrag.ShapeWindow()
     for s in seen:
         window.observe(s)
-    window._reweigh()
+    window.force_reweigh()
     cache = defrag.FragmentCache(window)
     for key in nodes:
         assert cache(key) == pytest.approx(defrag.fragment(window, key))

@@ -980,6 +980,10 @@ class Cluster:
         device_policy = request.device_policy or self.device_policy
         needs = _needs(request)
         if node_policy == DEFRAG:
+            if not self._may_fit_anywhere(needs):
+                # no node's summary allows it: nothing to weigh
+                failed = self._no_fit(request, cands, needs, namespace, no_fit_key)
+                return Decision(None, failed=failed, evaluated=0)
             weighed, indexed = self._schedulable(cands)
             choice, looked = self.defrag.choose(
                 weighed,
@@ -1134,9 +1138,10 @@ class Cluster:
     def _schedulable(
         self, cands: Candidates | None
     ) -> tuple[Collection[str], dict[str, NodeState]]:
-        """The candidates' names (None: every indexed node) and the nodes a policy that
-        weighs them all may use: only indexed ones (schedulable, some device free)."""
-        names = self._indexed.keys() if cands is None else cands.as_set()
+        """The candidates' names (None: every indexed node; a name repeated in the list
+        is weighed again, with the same result) and the nodes a policy that weighs them
+        all may use: only indexed ones (schedulable, some device free)."""
+        names = self._indexed.keys() if cands is None else cands.strings()
         return names, self._indexed
 
     def _walk_few(

@@ -54,10 +54,11 @@ _Ranked = tuple[float, float, str, defrag.DeviceKey | None]
 # Per node: (window generation, its key, the key's number, its free cores, its free CPU
 # and memory or None, the cores those starve).
 _Entry = tuple[int, defrag.NodeKey, int, int, tuple[int, int] | None, float]
-# A node's result for one question: (its entry then, the answer's cost or None for no
-# fit, the model pressure charges, the device key to take, -utilisation, the starving
-# term).
-_Quick = tuple[_Entry, float | None, str, defrag.DeviceKey | None, float, float]
+# A node's result for one question, kept until the node changes (``_stale``): (its cost
+# but the pressure term, or None for no fit; the model pressure charges; the device key
+# to take; -utilisation).
+_Quick = tuple[float | None, str, defrag.DeviceKey | None, float]
+_NO_FIT: _Quick = (None, "", None, 0.0)
 
 
 class DefragPolicy:
@@ -84,8 +85,14 @@ class DefragPolicy:
 
     def forget(self, node: str) -> None:
         """``node`` changed: its key is worked out again when next needed."""
-        self._keys.pop(node, None)
+        self._stale(node)
         self._count_free(node, None)
+
+    def _stale(self, node: str) -> None:
+        """Drop what was worked out for ``node``: its key and its per-question results."""
+        self._keys.pop(node, None)
+        for results in self._quick.values():
+            results.pop(node, None)
 
     def _count_free(self, node: str, key: defrag.NodeKey | None) -> None:
         """Keep the free cores per device model (of the nodes' latest keys)."""
@@ -103,11 +110,11 @@ class DefragPolicy:
 
     def set_room(self, node: str, free_cpu: int, free_memory: int) -> None:
         self.room[node] = (free_cpu, free_memory)
-        self._keys.pop(node, None)
+        self._stale(node)
 
     def drop_node(self, node: str) -> None:
         self.room.pop(node, None)
-        self._keys.pop(node, None)
+        self._stale(node)
         self._count_free(node, None)
 
     def node_key(self, node: NodeLike) -> defrag.NodeKey:
@@ -301,8 +308,8 @@ class DefragPolicy:
             else {}
         )
         starve = STARVED_WEIGHT
-        # this question's per-node results, valid while the node's entry is the same
-        # object (``forget``, ``set_room`` and a new generation replace it)
+        # this question's per-node results, until the node changes (``_stale``) or the
+        # generation does
         quick: dict[str, _Quick] = {}
         if cacheable:
             question = (_asked(request, device_policy), pod_room)
@@ -314,13 +321,13 @@ class DefragPolicy:
                 found = self._quick[question] = {}
             quick = found
         best: _Ranked | None = None
-        best_cost = 0.0
+        best_cost = float("inf")
         looked = 0
         for name in names:
             known = quick.get(name)
-            if known is not None and known[0] is keys.get(name):
+            if known is not None:
                 looked += 1
-                _entry, cost, model, pick, neg_util, starving = known
+                cost, model, pick, neg_util = known
                 if cost is None:
                     continue
             else:
@@ -340,7 +347,7 @@ class DefragPolicy:
                     if cpu_left < 0 or memory_left < 0:
                         # kube-scheduler's NodeResourcesFit would not offer it
                         if cacheable:
-                            quick[name] = (entry, None, "", None, 0.0, 0.0)
+                            quick[name] = _NO_FIT
                             self._quick_size += 1
                         continue
                     memo = (
@@ -357,11 +364,10 @@ class DefragPolicy:
                         answers[memo] = answer
                 if answer is None:
                     if cacheable:
-                        quick[name] = (entry, None, "", None, 0.0, 0.0)
+                        quick[name] = _NO_FIT
                         self._quick_size += 1
                     continue
                 cost, pick, model = answer
-                starving = 0.0
                 if room is not None and starve:
                     left = free - taken if free > taken else 0
                     usable = float(left)
@@ -369,20 +375,19 @@ class DefragPolicy:
                         usable = min(usable, cpu_left / cpu_per_core)
                     if memory_per_core > 0:
                         usable = min(usable, memory_left / memory_per_core)
-                    starving = starve * (left - max(0.0, usable) - starved_before)
+                    cost += starve * (left - max(0.0, usable) - starved_before)
                 neg_util = -node.utilisation
                 if cacheable:
-                    quick[name] = (entry, cost, model, pick, neg_util, starving)
+                    quick[name] = (cost, model, pick, neg_util)
                     self._quick_size += 1
             if press:
                 cost += press.get(model, 0.0)
-            cost += starving
             if every is not None:
                 every.append((cost, neg_util, name, pick))
-            if best is None or cost < best_cost:
+            if cost < best_cost:
                 best = (cost, neg_util, name, pick)
                 best_cost = cost
-            elif cost == best_cost and (neg_util, name) < best[1:3]:
+            elif cost == best_cost and best is not None and (neg_util, name) < best[1:3]:
                 best = (cost, neg_util, name, pick)
         return best, looked
 
