@@ -101,7 +101,9 @@ async def test_apiserver_outage_mid_burst_overcommits_nothing_and_loses_no_pod(
     # take one more retry to show: kube-scheduler retries it on the next cluster event.
     # Once the burst is placed nothing else happens in the cluster, so a pod kube-scheduler
     # last saw refused with hami's "not ready" error can wait minutes for its retry: the
-    # test supplies the cluster event (a Node label change) a live cluster would.
+    # test supplies the cluster events a live cluster would, a Node label change and a
+    # label change on the pod itself (kube-scheduler requeues on either, and its node
+    # informer may still be reconnecting after the outage).
     seen: list[object] = []
     nudged = [0.0]
 
@@ -114,10 +116,11 @@ async def test_apiserver_outage_mid_burst_overcommits_nothing_and_loses_no_pod(
             time.monotonic() - nudged[0] > 5
         ):
             nudged[0] = time.monotonic()
+            label = {"metadata": {"labels": {"hami-test/nudge": str(int(nudged[0]))}}}
             node = next(iter(cluster.nodes))
+            await cluster.kube.merge_patch(f"/api/v1/nodes/{node}", label)
             await cluster.kube.merge_patch(
-                f"/api/v1/nodes/{node}",
-                {"metadata": {"labels": {"hami-test/nudge": str(int(nudged[0]))}}},
+                f"/api/v1/namespaces/{cluster.namespace}/pods/fa-nowhere", label
             )
         return any(
             c.get("reason") == "Unschedulable" and "CardInsufficientMemory" in c.get("message", "")
@@ -127,7 +130,13 @@ async def test_apiserver_outage_mid_burst_overcommits_nothing_and_loses_no_pod(
     try:
         await poll(waits_with_reason, 60, "fa-nowhere Pending with hami's reason")
     except TimeoutError:
-        raise AssertionError(f"fa-nowhere has no hami reason: {seen}") from None
+        # what to look at when it happens: hami's own readiness now, and kube-scheduler's log
+        ready = cluster.role.not_ready() if cluster.role is not None else "no role"
+        tail = cluster.kube_scheduler.log_tail() if cluster.kube_scheduler is not None else ""
+        raise AssertionError(
+            f"fa-nowhere has no hami reason: {seen}; hami's readiness now: "
+            f"{ready or 'ready'}; kube-scheduler log tail:\n{tail}"
+        ) from None
 
     # Every allocation finished, so no node is left locked; a lock still there would
     # have to be younger than the allocation bound.
