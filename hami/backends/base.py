@@ -288,6 +288,17 @@ class Backend(abc.ABC):
         """The container's environment, mounts and device nodes. Pure unless
         ``allocate_does_io``; raises BackendError."""
 
+    def admin_allocation(self, request: AllocationRequest) -> ContainerAllocation:
+        """The answer for a DRA admin-access claim (monitoring, debugging; docs/dra.md
+        "Admin access"): ``request.devices`` made visible to the container and nothing
+        that limits it or counts it as a tenant of them (no memory or core limits, no
+        usage-cache directory). Pure. The default refuses, so a backend that has not said
+        which of its edits only give visibility never caps the workloads it would observe."""
+        raise BackendError(
+            f"the {self.type_word} backend does not prepare admin-access claims "
+            "(no admin_allocation)"
+        )
+
     def wants_pod_reconcile(self) -> bool:
         """Whether the node agent should hand it the node's pods now (``reconcile_pods``):
         it holds something made for pods (NVIDIA: MIG instances) to release when they go."""

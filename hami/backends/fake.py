@@ -36,7 +36,11 @@ from hami.backends.base import (
     ResourceNames,
 )
 from hami.backends.fake_details import fake_details
-from hami.backends.hamicore import HamiCorePaths, hamicore_allocation
+from hami.backends.hamicore import (
+    HamiCorePaths,
+    hamicore_admin_allocation,
+    hamicore_allocation,
+)
 from hami.backends.nvidia_names import (
     NVIDIA_ALLOCATED,
     NVIDIA_PRIORITY,
@@ -121,6 +125,9 @@ class FakeBackend(Backend):
 
     def allocate(self, request: AllocationRequest) -> ContainerAllocation:
         return hamicore_allocation(request, self.paths, priority_resource=self.priority_resource)
+
+    def admin_allocation(self, request: AllocationRequest) -> ContainerAllocation:
+        return hamicore_admin_allocation(request)
 
 
 def _int(value: Any, where: str, *, minimum: int) -> int:

@@ -82,6 +82,21 @@ def hamicore_allocation(
     return ContainerAllocation(envs=envs, mounts=mounts, host_dirs=[host_dir])
 
 
+def hamicore_admin_allocation(request: AllocationRequest) -> ContainerAllocation:
+    """An admin-access claim (monitoring): the devices visible and nothing of HAMi-core.
+    Without libvgpu preloaded the container is neither capped nor registered in the
+    devices' shared regions, so it never counts as a tenant; without the lock directory
+    it takes no part in HAMi-core's locking."""
+    if not request.devices:
+        raise BackendError(
+            f"pod {request.pod_namespace}/{request.pod_name} container "
+            f"{request.container_name}: no devices to allocate"
+        )
+    return ContainerAllocation(
+        envs={"NVIDIA_VISIBLE_DEVICES": ",".join(d.uuid for d in request.devices)}
+    )
+
+
 def task_priority(request: AllocationRequest, resource: str | None) -> str | None:
     """The container's ``{resource}`` limit as HAMi-core's ``CUDA_TASK_PRIORITY`` (0 high,
     1 low), or None when it sets none. The scheduler admits only whole numbers >= 0; a

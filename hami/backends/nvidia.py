@@ -72,7 +72,11 @@ from hami.backends.base import (
     HealthCallback,
     MigCapability,
 )
-from hami.backends.hamicore import HamiCorePaths, hamicore_allocation
+from hami.backends.hamicore import (
+    HamiCorePaths,
+    hamicore_admin_allocation,
+    hamicore_allocation,
+)
 from hami.backends.mig_allocate import active_pods, mig_allocation, refuse_mig_reservation
 from hami.backends.mig_instances import MigInstances
 from hami.backends.mig_ledger import MigLedger
@@ -344,6 +348,10 @@ class NvidiaBackend(Backend):
             return mig_allocation(request, self.mig)  # in a worker thread: allocate_does_io
         refuse_mig_reservation(request)
         return hamicore_allocation(request, self.paths, priority_resource=self.priority_resource)
+
+    def admin_allocation(self, request: AllocationRequest) -> ContainerAllocation:
+        # the physical GPUs, in MIG mode too: a monitor sees every instance on them
+        return hamicore_admin_allocation(request)
 
     def wants_pod_reconcile(self) -> bool:
         """In mig mode always; in hami-core mode while instances made in mig mode remain."""

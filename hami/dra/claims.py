@@ -4,6 +4,13 @@ kube-scheduler wrote the allocation, but the claim's status is still input from 
 server: a result naming another node's pool, a device this node does not have, or consumed
 capacity beyond the device is refused with a message naming the claim, exactly as the
 extender path refuses a forged decision (the same ``check_entry`` rule runs on the result).
+
+A result with ``adminAccess: true`` (Kubernetes' admin access: a monitoring or debugging
+claim, allowed by kube-apiserver only in namespaces labelled
+``resource.kubernetes.io/admin-access: "true"``) holds nothing: kube-scheduler gives it
+devices already in use and does not count what it records as consumed. Such a result is
+read for its device only; a claim mixing it with ordinary results of this driver is
+refused, since one CDI device cannot give one device HAMi-core limits and another none.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ class ClaimDevice:
     device: str  # the device's name in the slice
     share_id: str | None
     slice: ContainerDevice  # uuid, vendor, MiB, cores: what HAMi-core enforces
+    admin_access: bool = False  # monitoring access: no limits, not a tenant (memory 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +54,11 @@ class ClaimAllocation:
     uid: str
     pod_uid: str  # the pod the claim is reserved for (its HAMi-core directory), else uid
     devices: tuple[ClaimDevice, ...]
+
+    @property
+    def admin_access(self) -> bool:
+        """Every result is an admin-access one (mixed claims are refused on reading)."""
+        return bool(self.devices) and all(d.admin_access for d in self.devices)
 
 
 def _ref(claim: Mapping[str, Any]) -> str:
@@ -77,6 +90,19 @@ def _pod_uid(claim: Mapping[str, Any], fallback: str) -> str:
     return fallback
 
 
+def _admin_requests(claim: Mapping[str, Any]) -> set[str]:
+    """The names of the claim's requests that ask for admin access."""
+    spec = claim.get("spec")
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    requests = devices.get("requests") if isinstance(devices, Mapping) else None
+    out: set[str] = set()
+    for request in requests if isinstance(requests, list) else []:
+        exactly = request.get("exactly") if isinstance(request, Mapping) else None
+        if isinstance(exactly, Mapping) and exactly.get("adminAccess") is True:
+            out.add(str(request.get("name", "")))
+    return out
+
+
 def claim_allocation(
     claim: Mapping[str, Any],
     *,
@@ -104,6 +130,7 @@ def claim_allocation(
     if not mine:
         raise ClaimError(f"{where}: no allocation result for driver {driver}")
     by_name = {names.device_name(backend.type_word, d.index): d for d in node_devices}
+    admin_requests = _admin_requests(claim)
     out: list[ClaimDevice] = []
     for i, result in enumerate(mine):
         at = f"{where} result {i} ({result.get('request', '?')})"
@@ -118,14 +145,28 @@ def claim_allocation(
                 f"{at}: device {result.get('device')!r} is not a {backend.type_word} device "
                 f"of this node (its devices: {', '.join(sorted(by_name)) or 'none'})"
             )
-        consumed = result.get("consumedCapacity")
-        if not isinstance(consumed, Mapping) or "memory" not in consumed:
-            raise ClaimError(
-                f"{at}: no consumed memory capacity; the device is shared "
-                "(allowMultipleAllocations) and kube-scheduler records what each claim takes"
-            )
-        cores = _cores(consumed.get("cores", 0), at)
         share = result.get("shareID")
+        # only a literal true: anything else is an ordinary result and gets its limits
+        if result.get("adminAccess") is True:
+            if result.get("request") not in admin_requests:
+                # the spec is immutable and kube-apiserver allowed adminAccess in it only
+                # in a labelled namespace: a result without such a request is not believed
+                raise ClaimError(
+                    f"{at}: allocated with admin access, but the claim's request "
+                    f"{result.get('request')!r} does not ask for it; not prepared"
+                )
+            # what kube-scheduler records as consumed is not held (it does not count it),
+            # so none of it becomes a limit: memory and cores 0 pass the check below
+            memory, cores, is_admin = 0, 0, True
+        else:
+            consumed = result.get("consumedCapacity")
+            if not isinstance(consumed, Mapping) or "memory" not in consumed:
+                raise ClaimError(
+                    f"{at}: no consumed memory capacity; the device is shared "
+                    "(allowMultipleAllocations) and kube-scheduler records what each claim takes"
+                )
+            memory = _mib(consumed["memory"], at)
+            cores, is_admin = _cores(consumed.get("cores", 0), at), False
         out.append(
             ClaimDevice(
                 request=str(result.get("request", "")),
@@ -133,12 +174,17 @@ def claim_allocation(
                 device=str(result["device"]),
                 share_id=str(share) if share else None,
                 slice=ContainerDevice(
-                    uuid=device.uuid,
-                    vendor=backend.vendor_word,
-                    memory=_mib(consumed["memory"], at),
-                    cores=cores,
+                    uuid=device.uuid, vendor=backend.vendor_word, memory=memory, cores=cores
                 ),
+                admin_access=is_admin,
             )
+        )
+    if len({d.admin_access for d in out}) > 1:
+        requests = sorted({d.request for d in out if d.admin_access})
+        raise ClaimError(
+            f"{where}: mixes admin-access requests ({', '.join(requests)}) with ordinary "
+            "ones; one claim gets either HAMi-core limits or none: put the admin-access "
+            "requests in a claim of their own"
         )
     check([d.slice for d in out], backend, node_devices, where)
     return ClaimAllocation(

@@ -9,7 +9,9 @@ keeps, fed from these instead of node and pod annotations:
   the slice (``nvidia-0``): the name is what an allocation result names, unique within
   the node's pool of one driver, so a claim is counted even before its slice is seen;
 - ``claim_holds``: an allocated claim's hold per node and device (one share, the consumed
-  memory and cores), only for hami's drivers.
+  memory and cores), only for hami's drivers. An admin-access result (``adminAccess:
+  true``: monitoring) holds nothing, as kube-scheduler counts it: its consumed capacity
+  is recorded but never subtracted from the device.
 """
 
 from __future__ import annotations
@@ -148,7 +150,7 @@ def claim_holds(obj: Mapping[str, Any], drivers: Mapping[str, str]) -> ClaimHold
         if not isinstance(result, Mapping):
             continue
         word = drivers.get(str(result.get("driver") or ""))
-        if word is None:
+        if word is None or result.get("adminAccess") is True:
             continue
         at = f"{where} result {i} ({result.get('request', '?')})"
         pool, device = result.get("pool"), result.get("device")

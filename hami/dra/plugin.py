@@ -139,6 +139,7 @@ class DRAService(dra_grpc.DRAPluginBase):
                 devices=[
                     f"{d.device}:{d.slice.memory}MiB/{d.slice.cores}%" for d in allocation.devices
                 ],
+                admin_access=allocation.admin_access,
             )
             return prepared.devices
 

@@ -15,7 +15,8 @@ and writes it in that form, by the table of docs/dra.md "HAMi request shapes":
   selector, ``!...contains("X")`` an exclusion; any other CEL is left to kube-scheduler,
   which has already filtered the nodes it asks about;
 - every claim counts as held for the pod's whole life (the kubelet keeps an init
-  container's claim too), so each request is weighed as an app container of its own.
+  container's claim too), so each request is weighed as an app container of its own;
+- an ``adminAccess`` request (monitoring) holds nothing and is left out.
 
 Requests of other DeviceClasses are not hami's and are left out; a pod with no hami
 request gets None (no opinion). What cannot be read raises ``RequestError`` naming the pod
@@ -155,6 +156,8 @@ def claim_requests(
         at = f"{where} request {entry.get('name', i)!r}"
         if entry.get("exactly") is not None:
             choices = [_mapping(entry["exactly"], f"{at}: exactly")]
+            if choices[0].get("adminAccess") is True:
+                continue  # monitoring access holds nothing: kube-scheduler does not count it
         else:
             choices = [
                 _mapping(sub, f"{at}: firstAvailable {j}")

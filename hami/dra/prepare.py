@@ -22,7 +22,9 @@ class Prepared:
 def prepare_claim(claim: ClaimAllocation, backend: Backend, node_devices: list[Device]) -> Prepared:
     """The backend's Allocate answer for the claim's slices, as one CDI device: the same
     env and mounts the extender path gives a container with these devices. The HAMi-core
-    directory is named after the pod the claim is reserved for and the claim."""
+    directory is named after the pod the claim is reserved for and the claim. An
+    admin-access claim gets the backend's ``admin_allocation`` instead: the devices visible,
+    no HAMi-core limits, no directory (docs/dra.md "Admin access")."""
     request = AllocationRequest(
         pod_namespace=claim.namespace,
         pod_name=claim.name,
@@ -32,7 +34,9 @@ def prepare_claim(claim: ClaimAllocation, backend: Backend, node_devices: list[D
         devices=[d.slice for d in claim.devices],
         node_devices=node_devices,
     )
-    allocation = backend.allocate(request)
+    allocation = (
+        backend.admin_allocation(request) if claim.admin_access else backend.allocate(request)
+    )
     driver = names.driver_name(backend.type_word)
     cdi_id = names.cdi_device_id(driver, claim.uid)
     devices: list[JSON] = []
