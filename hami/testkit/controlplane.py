@@ -10,9 +10,10 @@
 Dynamic Resource Allocation needs nothing extra on 1.36: resource.k8s.io/v1 is served by
 default and DynamicResourceAllocation and DRAAdminAccess (GA, locked on: setting either
 false is refused), DRAConsumableCapacity, DRAPartitionableDevices and DRAExtendedResource
-(beta) are on by default in kube-apiserver, kube-scheduler and kube-controller-manager. What DRA does need is kube-controller-manager's resourceclaim
-controller (ResourceClaimTemplate -> ResourceClaim, claims of finished pods deallocated);
-it is off by default here so the other tests start as fast as before.
+(beta) are on by default in kube-apiserver, kube-scheduler and kube-controller-manager.
+What DRA does need is kube-controller-manager's resourceclaim controller
+(ResourceClaimTemplate -> ResourceClaim, claims of finished pods deallocated); it is off
+by default here so the other tests start as fast as before.
 
 Everything here is synchronous (subprocess.Popen and blocking HTTP polls) so it can run in
 a pytest session fixture; from asyncio code call it through `asyncio.to_thread`. Children
