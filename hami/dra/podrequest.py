@@ -123,6 +123,13 @@ def _models(body: Mapping[str, Any], driver: str, where: str) -> tuple[list[str]
     return use, nouse
 
 
+def reads_selector(expression: str, driver: str) -> bool:
+    """Whether ``expression`` is a model selector this module reads (the rest of CEL is
+    kube-scheduler's alone)."""
+    match = _MODEL_CONTAINS.match(expression)
+    return match is not None and match.group("driver") == driver
+
+
 def device_request(body: Mapping[str, Any], kind: DeviceKind, driver: str, where: str) -> _Asked:
     """One ``exactly`` request (or subrequest) of a hami DeviceClass."""
     count = _count(body, where)
@@ -145,37 +152,89 @@ def device_request(body: Mapping[str, Any], kind: DeviceKind, driver: str, where
     return _Asked(request, tuple(use), tuple(nouse))
 
 
-def claim_requests(
-    spec: Mapping[str, Any], classes: Mapping[str, DeviceKind], where: str
-) -> list[_Asked]:
-    """The hami requests of one claim spec (``ResourceClaim.spec``)."""
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """One way to meet a claim request: the request itself (``exactly``) or one
+    subrequest of its ``firstAvailable`` list, of a hami DeviceClass."""
+
+    subrequest: str  # "" for ``exactly``
+    driver: str  # the DeviceClass name, which is hami's driver name
+    asked: _Asked
+    body: Mapping[str, Any]  # as written: selectors, tolerations, capacity
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """One entry of a claim's ``spec.devices.requests``."""
+
+    name: str
+    where: str  # "ResourceClaim ns/x request 'gpu'", for messages
+    choices: tuple[Choice, ...]  # hami's, in order; () when none is hami's
+    admin: bool = False  # adminAccess: holds nothing, not weighed
+
+
+def request_choices(
+    spec: Mapping[str, Any],
+    classes: Mapping[str, DeviceKind],
+    where: str,
+    *,
+    every: bool = False,
+) -> list[ClaimRequest]:
+    """The requests of one claim spec (``ResourceClaim.spec``) with their hami choices:
+    only the first (kube-scheduler's first choice among hami's) unless ``every``."""
     devices = _mapping(_mapping(spec, f"{where}: spec").get("devices"), f"{where}: spec.devices")
-    out: list[_Asked] = []
+    out: list[ClaimRequest] = []
     for i, item in enumerate(_list(devices.get("requests"), f"{where}: spec.devices.requests")):
         entry = _mapping(item, f"{where}: request {i}")
-        at = f"{where} request {entry.get('name', i)!r}"
+        name = str(entry.get("name", i))
+        at = f"{where} request {name!r}"
         if entry.get("exactly") is not None:
-            choices = [_mapping(entry["exactly"], f"{at}: exactly")]
-            if choices[0].get("adminAccess") is True:
-                continue  # monitoring access holds nothing: kube-scheduler does not count it
+            bodies = [("", _mapping(entry["exactly"], f"{at}: exactly"))]
+            if bodies[0][1].get("adminAccess") is True:
+                # monitoring access holds nothing: kube-scheduler does not count it
+                out.append(ClaimRequest(name, at, (), admin=True))
+                continue
         else:
-            choices = [
-                _mapping(sub, f"{at}: firstAvailable {j}")
-                for j, sub in enumerate(_list(entry.get("firstAvailable"), f"{at}: firstAvailable"))
-            ]
-        for choice in choices:
-            driver = str(choice.get("deviceClassName") or "")
+            listed = _list(entry.get("firstAvailable"), f"{at}: firstAvailable")
+            subs = [_mapping(raw, f"{at}: firstAvailable {j}") for j, raw in enumerate(listed)]
+            bodies = [(str(sub.get("name", j)), sub) for j, sub in enumerate(subs)]
+        choices: list[Choice] = []
+        for sub_name, body in bodies:
+            driver = str(body.get("deviceClassName") or "")
             kind = classes.get(driver)
-            if kind is not None:
-                sub = f"{at} subrequest {choice['name']!r}" if "name" in choice else at
-                out.append(device_request(choice, kind, driver, sub))
-                break  # kube-scheduler's first choice among hami's
+            if kind is None:
+                continue
+            sub = f"{at} subrequest {body['name']!r}" if "name" in body else at
+            choices.append(Choice(sub_name, driver, device_request(body, kind, driver, sub), body))
+            if not every:
+                break
+        out.append(ClaimRequest(name, at, tuple(choices)))
     return out
 
 
-def _claim_spec(
+def claim_requests(
+    spec: Mapping[str, Any], classes: Mapping[str, DeviceKind], where: str
+) -> list[_Asked]:
+    """The hami requests of one claim spec (``ResourceClaim.spec``): each request's first
+    hami choice."""
+    return [r.choices[0].asked for r in request_choices(spec, classes, where) if r.choices]
+
+
+@dataclass(frozen=True, slots=True)
+class PodClaim:
+    """One entry of a pod's ``spec.resourceClaims``, resolved."""
+
+    name: str  # the pod's name for it (what containers' ``resources.claims`` name)
+    where: str  # "ResourceClaim ns/x" or, before the claim exists, "ResourceClaimTemplate ns/t"
+    spec: Mapping[str, Any]  # the claim's spec
+    claim: Mapping[str, Any] | None  # the ResourceClaim, None while only the template exists
+
+
+def resolve_claim(
     pod: Mapping[str, Any], ref: Mapping[str, Any], claims: Lookup, templates: Lookup
-) -> tuple[str, Mapping[str, Any]]:
+) -> PodClaim:
+    """The claim (or, before the resourceclaim controller made it, the template) a pod's
+    ``spec.resourceClaims`` entry names. Raises UnknownClaim for one not known (yet)."""
     meta = _mapping(pod.get("metadata"), "pod metadata")
     namespace = str(meta.get("namespace") or "default")
     name = str(ref.get("name") or "")
@@ -188,7 +247,8 @@ def _claim_spec(
         claim = claims(namespace, claim_name)
         if claim is None:
             raise UnknownClaim(f"ResourceClaim {namespace}/{claim_name} is not known yet")
-        return f"ResourceClaim {namespace}/{claim_name}", _mapping(claim.get("spec"), "spec")
+        where = f"ResourceClaim {namespace}/{claim_name}"
+        return PodClaim(name, where, _mapping(claim.get("spec"), f"{where}: spec"), claim)
     template_name = ref.get("resourceClaimTemplateName")
     if not template_name:
         raise RequestError(
@@ -200,13 +260,35 @@ def _claim_spec(
             made = status.get("resourceClaimName")
             claim = claims(namespace, str(made)) if made else None
             if claim is not None:
-                return f"ResourceClaim {namespace}/{made}", _mapping(claim.get("spec"), "spec")
+                where = f"ResourceClaim {namespace}/{made}"
+                return PodClaim(name, where, _mapping(claim.get("spec"), f"{where}: spec"), claim)
     template = templates(namespace, str(template_name))
     if template is None:
         raise UnknownClaim(f"ResourceClaimTemplate {namespace}/{template_name} is not known yet")
     where = f"ResourceClaimTemplate {namespace}/{template_name}"
     body = _mapping(template.get("spec"), f"{where}: spec")
-    return where, _mapping(body.get("spec"), f"{where}: spec.spec")
+    return PodClaim(name, where, _mapping(body.get("spec"), f"{where}: spec.spec"), None)
+
+
+def pod_name(pod: Mapping[str, Any]) -> str:
+    """``pod ns/name`` of a pod that may be malformed, for messages."""
+    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+    meta = meta if isinstance(meta, Mapping) else {}
+    return f"pod {meta.get('namespace', '?')}/{meta.get('name', '?')}"
+
+
+def pod_claims(pod: Mapping[str, Any], claims: Lookup, templates: Lookup) -> list[PodClaim]:
+    """Every claim the pod names, resolved; RequestError (UnknownClaim) names the pod."""
+    try:
+        spec = _mapping(pod.get("spec"), "spec")
+        return [
+            resolve_claim(pod, _mapping(ref, f"spec.resourceClaims {i}"), claims, templates)
+            for i, ref in enumerate(_list(spec.get("resourceClaims"), "spec.resourceClaims"))
+        ]
+    except UnknownClaim as exc:
+        raise UnknownClaim(f"{pod_name(pod)}: {exc}") from None
+    except RequestError as exc:
+        raise RequestError(f"{pod_name(pod)}: {exc}") from None
 
 
 def pod_request(
@@ -218,20 +300,12 @@ def pod_request(
     """What ``pod``'s claims ask of hami's DeviceClasses (``classes``: DeviceClass name,
     the driver name, -> its kind); None when nothing. Raises RequestError (UnknownClaim
     for a claim or template not known yet) naming the pod and the object."""
-    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
-    meta = meta if isinstance(meta, Mapping) else {}
-    pod_name = f"pod {meta.get('namespace', '?')}/{meta.get('name', '?')}"
-    try:
-        spec = _mapping(pod.get("spec"), "spec")
-        asked: list[_Asked] = []
-        for i, ref in enumerate(_list(spec.get("resourceClaims"), "spec.resourceClaims")):
-            entry = _mapping(ref, f"spec.resourceClaims {i}")
-            where, claim_spec = _claim_spec(pod, entry, claims, templates)
-            asked.extend(claim_requests(claim_spec, classes, where))
-    except UnknownClaim as exc:
-        raise UnknownClaim(f"{pod_name}: {exc}") from None
-    except RequestError as exc:
-        raise RequestError(f"{pod_name}: {exc}") from None
+    asked: list[_Asked] = []
+    for claim in pod_claims(pod, claims, templates):
+        try:
+            asked.extend(claim_requests(claim.spec, classes, claim.where))
+        except RequestError as exc:
+            raise RequestError(f"{pod_name(pod)}: {exc}") from None
     if not asked:
         return None
     return PodRequest(
