@@ -1,5 +1,6 @@
 """Why each node would (not) take a pod, from the scheduler's current picture (``hami
-explain`` and the role's /explain endpoint)."""
+explain`` and the role's /explain endpoint). A pod that names DRA claims is answered from
+the claims and ResourceSlices instead (``hami.scheduler.draexplain``)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from hami.core.cluster import Cluster
 from hami.core.quota import QuotaStatus
 from hami.core.requests import PodRequest, RequestError
 from hami.kube.client import Kube
-from hami.kube.objects import annotations_of, metadata_of, pod_key
-from hami.kube.raw import KubeError
+from hami.kube.objects import annotations_of, pod_key
 from hami.protocol import keys
+from hami.scheduler import draexplain
 
 _log = log.get(__name__)
 
@@ -34,6 +35,10 @@ class Explainer:
     async def explain(self, namespace: str, name: str) -> Json:
         """The pod read fresh, judged against every node."""
         pod = await self._kube().get_pod(namespace, name)
+        if draexplain.names_claims(pod):
+            dra = await draexplain.explain(self._kube(), pod)
+            if dra is not None:
+                return dra
         answer = self.explain_pod(pod)
         nodes: dict[str, str] = answer.get("nodes") or {}
         if _waits_outside_hami(pod, nodes):
@@ -43,18 +48,7 @@ class Explainer:
 
     async def _failed_scheduling(self, pod: Mapping[str, Any]) -> str:
         """kube-scheduler's latest FailedScheduling message for the pod ("" if none)."""
-        meta = metadata_of(pod)
-        namespace = str(meta.get("namespace") or "")
-        selector = f"involvedObject.uid={meta.get('uid', '')},reason=FailedScheduling"
-        try:
-            found, _ = await self._kube().list_all(
-                f"/api/v1/namespaces/{namespace}/events", query=(("fieldSelector", selector),)
-            )
-        except KubeError as exc:  # the node reasons stand on their own
-            _log.warning("events not read", pod=pod_key(pod), error=str(exc))
-            return ""
-        latest = max(found, key=_event_time, default=None)
-        return str(latest.get("message") or "") if isinstance(latest, Mapping) else ""
+        return await draexplain.latest_failed_scheduling(self._kube(), pod)
 
     def explain_pod(self, pod: Mapping[str, Any]) -> Json:
         key = pod_key(pod)
@@ -105,12 +99,3 @@ def _waits_outside_hami(pod: Mapping[str, Any], nodes: Mapping[str, str]) -> boo
     unbound = not (isinstance(spec, Mapping) and spec.get("nodeName"))
     pending = not isinstance(status, Mapping) or status.get("phase", "Pending") == "Pending"
     return unbound and pending and bool(nodes) and all(r == "fits" for r in nodes.values())
-
-
-def _event_time(event: Any) -> str:
-    """An Event's latest time as an RFC 3339 string (they sort as text)."""
-    if not isinstance(event, Mapping):
-        return ""
-    series = event.get("series")
-    last = series.get("lastObservedTime") if isinstance(series, Mapping) else None
-    return str(last or event.get("lastTimestamp") or event.get("eventTime") or "")

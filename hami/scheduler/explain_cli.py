@@ -1,7 +1,8 @@
 """``hami explain POD [-n NS]``: why each node takes or rejects a pod.
 
 Asks a running scheduler (``GET {url}/explain``) first; when none answers, or with
-``--offline``, computes the same from the cluster's Node and Pod annotations.
+``--offline``, computes the same from the cluster's Node and Pod annotations, or, for a pod
+that names DRA claims, from its claims and the ResourceSlices (docs/dra.md "Why Pending").
 """
 
 from __future__ import annotations
@@ -85,10 +86,16 @@ def ask_scheduler(url: str, namespace: str, name: str) -> dict[str, Any] | None:
 async def compute(cfg: config.Config, namespace: str, name: str) -> dict[str, Any]:
     from hami.kube.client import open_client
     from hami.kube.raw import KubeError
+    from hami.scheduler import draexplain
     from hami.scheduler.role import device_kinds
     from hami.scheduler.service import Scheduler
 
     async with open_client(cfg.kubeconfig or None) as kube:
+        pod = await kube.get_pod(namespace, name)
+        if draexplain.names_claims(pod):
+            dra = await draexplain.explain(kube, pod)
+            if dra is not None:  # else: claims of no hami DeviceClass, the extender's pod
+                return dra
         scheduler = Scheduler(cfg.scheduler, device_kinds(cfg), kube, emit_events=False)
         nodes, _ = await kube.list_all("/api/v1/nodes")
         for node in nodes:
@@ -118,6 +125,9 @@ def print_answer(answer: dict[str, Any]) -> None:
     if not nodes:
         print("no nodes known")
         return
+    if answer.get("mode") == "dra":
+        print_dra(answer)
+        return
     if answer.get("scheduler_message"):
         # every node fits hami's devices: the pod waits on something else (taints, CPU, ...)
         print(f"hami's devices fit on all {len(nodes)} node(s); kube-scheduler says:")
@@ -129,6 +139,33 @@ def print_answer(answer: dict[str, Any]) -> None:
     for node, reason in sorted(nodes.items()):
         print(f"{node.ljust(width)}  {reason}")
     print_quota(answer)
+
+
+def print_dra(answer: dict[str, Any]) -> None:
+    """A DRA pod: each node's verdict, one line per request, device and shortfall."""
+    for row in answer.get("allocated") or []:
+        devices = ", ".join(row.get("devices") or [])
+        print(f"{row.get('claim')} is allocated on node {row.get('node')} ({devices})")
+    requests = answer.get("requests") or []
+    if requests:
+        print("waits on: " + "; ".join(str(r) for r in requests))
+    nodes: dict[str, str] = answer.get("nodes") or {}
+    details: dict[str, list[str]] = answer.get("details") or {}
+    width = max(len("NODE"), *(len(n) for n in nodes))
+    print(f"{'NODE'.ljust(width)}  REASON")
+    for node, reason in sorted(nodes.items()):
+        lines = details.get(node) or [reason]
+        if reason == "fits":
+            lines = ["fits", *(f"  ({line})" for line in details.get(node) or [])]
+        print(f"{node.ljust(width)}  {lines[0]}")
+        for line in lines[1:]:
+            print(f"{''.ljust(width)}  {line}")
+    for note in answer.get("notes") or []:
+        print(f"note: {note}")
+    for error in answer.get("object_errors") or []:
+        print(f"unreadable: {error}")
+    if answer.get("scheduler_message"):
+        print(f"kube-scheduler says: {answer['scheduler_message']}")
 
 
 def print_quota(answer: dict[str, Any]) -> None:

@@ -1,0 +1,221 @@
+"""Each node's hami devices and what allocated claims hold on them, for ``hami explain``
+in DRA mode. Pure.
+
+Capacities and holds are read by ``hami.dra.inventory`` (the DRA score's reader); this
+module adds what the explanation also needs from the same objects: the ``uuid`` attribute
+(the name a user knows a GPU by), each capacity's request policy (what a request that
+names no amount consumes, and the most it may name), whether the device may be shared,
+its taints, and which claims hold it. Only the newest generation of each pool counts, as
+kube-scheduler reads pools.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hami.core.requests import parse_quantity
+from hami.core.usage import Use
+from hami.dra import inventory
+
+MIB = inventory.MIB
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+
+    def __str__(self) -> str:
+        return (
+            f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Amount:
+    """One consumable capacity of a device, in MiB for memory."""
+
+    total: int
+    default: int  # what a request naming none consumes (no policy: the whole capacity)
+    most: int  # the most one request may name (validRange.max, validValues)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceView:
+    node: str
+    driver: str
+    name: str  # the device's name in the slice (``nvidia-0``): what results name
+    uuid: str  # the ``uuid`` attribute, else the name
+    model: str
+    memory: Amount
+    cores: Amount
+    slots: Amount
+    shared: bool  # allowMultipleAllocations
+    taints: tuple[Taint, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return self.uuid
+
+
+@dataclass(slots=True)
+class Held:
+    """What allocated claims hold on one device, and which claims."""
+
+    use: Use = field(default_factory=Use)
+    claims: list[str] = field(default_factory=list)
+    whole: list[str] = field(default_factory=list)  # claims holding it without sharing
+
+
+@dataclass(frozen=True, slots=True)
+class Picture:
+    devices: Mapping[str, tuple[DeviceView, ...]]  # node -> its hami devices
+    drivers: Mapping[str, frozenset[str]]  # node -> the hami drivers it publishes
+    errors: tuple[str, ...] = ()
+
+
+def _amount(capacity: Mapping[str, Any], name: str, scale: int) -> Amount:
+    entry = capacity.get(name)
+    entry = entry if isinstance(entry, Mapping) else {}
+    total = -(-parse_quantity(entry.get("value")) // scale)
+    policy = entry.get("requestPolicy")
+    policy = policy if isinstance(policy, Mapping) else {}
+    default = -(-parse_quantity(policy["default"]) // scale) if "default" in policy else total
+    most = total
+    valid_range = policy.get("validRange")
+    if isinstance(valid_range, Mapping) and valid_range.get("max") is not None:
+        most = min(total, parse_quantity(valid_range["max"]) // scale)
+    values = policy.get("validValues")
+    if isinstance(values, list) and values:
+        most = min(total, max(parse_quantity(v) // scale for v in values))
+    return Amount(total, default, most)
+
+
+def _taints(entry: Mapping[str, Any], where: str) -> tuple[Taint, ...]:
+    raw = entry.get("taints")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ValueError(f"{where}: taints is not a list")
+    out: list[Taint] = []
+    for i, taint in enumerate(raw):
+        if not isinstance(taint, Mapping) or not taint.get("key"):
+            raise ValueError(f"{where}: taint {i} has no key")
+        out.append(
+            Taint(str(taint["key"]), str(taint.get("value") or ""), str(taint.get("effect") or ""))
+        )
+    return tuple(out)
+
+
+def _view(node: str, driver: str, entry: Mapping[str, Any], where: str) -> DeviceView:
+    name = str(entry["name"])
+    at = f"{where} device {name!r}"
+    attributes = entry.get("attributes")
+    attributes = attributes if isinstance(attributes, Mapping) else {}
+    uuid = attributes.get("uuid")
+    uuid = uuid.get("string") if isinstance(uuid, Mapping) else None
+    model = attributes.get("model")
+    model = model.get("string") if isinstance(model, Mapping) else None
+    capacity = entry.get("capacity")
+    if not isinstance(capacity, Mapping):
+        raise ValueError(f"{at}: no capacity")
+    try:
+        memory = _amount(capacity, "memory", MIB)
+        cores = _amount(capacity, "cores", 1)
+        slots = _amount(capacity, "slots", 1)
+    except (ValueError, ArithmeticError, TypeError, KeyError) as exc:
+        raise ValueError(f"{at}: capacity unreadable ({exc})") from None
+    return DeviceView(
+        node=node,
+        driver=driver,
+        name=name,
+        uuid=str(uuid) if uuid else name,
+        model=str(model or ""),
+        memory=memory,
+        cores=cores,
+        slots=slots,
+        shared=entry.get("allowMultipleAllocations") is True,
+        taints=_taints(entry, at),
+    )
+
+
+def _newest(slices: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The slices of each pool's newest generation (an older one is being replaced)."""
+    newest: dict[tuple[str, str], int] = {}
+    keyed: list[tuple[tuple[str, str], int, Mapping[str, Any]]] = []
+    for obj in slices:
+        spec = obj.get("spec") if isinstance(obj, Mapping) else None
+        pool = spec.get("pool") if isinstance(spec, Mapping) else None
+        if not isinstance(spec, Mapping) or not isinstance(pool, Mapping):
+            continue
+        key = (str(spec.get("driver") or ""), str(pool.get("name") or ""))
+        generation = pool.get("generation")
+        generation = generation if isinstance(generation, int) else 0
+        newest[key] = max(newest.get(key, generation), generation)
+        keyed.append((key, generation, obj))
+    return [obj for key, generation, obj in keyed if generation == newest[key]]
+
+
+def picture(slices: Iterable[Mapping[str, Any]], drivers: Mapping[str, str]) -> Picture:
+    """The devices of hami's ``drivers`` (driver -> type word) per node. A device that
+    cannot be read is left out with an error naming the slice and the device."""
+    devices: dict[str, list[DeviceView]] = {}
+    published: dict[str, set[str]] = {}
+    errors: list[str] = []
+    for obj in _newest(slices):
+        read = inventory.slice_devices(obj, drivers)
+        if read is None:
+            continue
+        where = inventory.object_ref("ResourceSlice", obj)
+        errors.extend(read.errors)
+        spec = obj["spec"]
+        driver = str(spec.get("driver"))
+        published.setdefault(read.node, set()).add(driver)
+        readable = {d.uuid for d in read.devices}  # inventory keys devices by their name
+        for entry in spec.get("devices") or []:
+            if not isinstance(entry, Mapping) or str(entry.get("name")) not in readable:
+                continue
+            try:
+                devices.setdefault(read.node, []).append(_view(read.node, driver, entry, where))
+            except ValueError as exc:
+                errors.append(str(exc))
+    return Picture(
+        {node: tuple(views) for node, views in devices.items()},
+        {node: frozenset(d) for node, d in published.items()},
+        tuple(errors),
+    )
+
+
+def claim_name(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    meta = meta if isinstance(meta, Mapping) else {}
+    return f"{meta.get('namespace') or '?'}/{meta.get('name') or '?'}"
+
+
+def holds(
+    claims: Iterable[Mapping[str, Any]],
+    drivers: Mapping[str, str],
+    skip: Sequence[str] = (),
+) -> tuple[dict[tuple[str, str], Held], list[str]]:
+    """(node, device name) -> what allocated claims hold there; claims named in ``skip``
+    (``ns/name``) are left out. A result without consumed capacity holds the device whole
+    (``inventory``'s rule), and says which claim does."""
+    out: dict[tuple[str, str], Held] = {}
+    errors: list[str] = []
+    for obj in claims:
+        name = claim_name(obj)
+        if name in skip:
+            continue
+        read = inventory.claim_holds(obj, drivers)
+        errors.extend(read.errors)
+        for node, usage in read.usage.items():
+            for device, use in usage.items():
+                held = out.setdefault((node, device), Held())
+                held.use.add(use)
+                held.claims.append(name)
+                if use.memory >= inventory.WHOLE_MEMORY:
+                    held.whole.append(name)
+    return out, errors
