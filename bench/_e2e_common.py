@@ -1,6 +1,6 @@
 """What bench_e2e.py and bench_dra.py share: the simulated nodes and their pods, the pod
-watch that times binds (and stands in for the node agent), the one-node 1-vs-10 repetition,
-and the printing helpers. Neither benchmark imports the other's module for these, so
+watch that times binds (and stands in for the node agent), and the printing helpers (the
+one-node parts: ``_one_node``). Neither benchmark imports the other's module for these, so
 bench/ has no import circle (tests/test_bench_imports.py); no ``__main__``: ``make bench``
 skips it.
 """
@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 
 from hami.kube.client import Kube, pods_path
@@ -176,28 +175,3 @@ async def delete_all_pods(kube: Kube, namespace: str) -> None:
         if not await kube.list_pods(namespace=namespace):
             return
         await asyncio.sleep(0.2)
-
-
-async def one_vs_ten(cluster: Any, reps: int, make_pod: Callable[[str], dict[str, Any]]) -> None:
-    """Per repetition: one pod until Running, then ten created at once until all Running
-    (``cluster`` is a ``LocalCluster``; ``make_pod(name)`` the pod to place)."""
-
-    async def running(count: int, tag: str) -> float:
-        began = time.monotonic()
-        names = [f"{tag}-{i}" for i in range(count)]
-        await asyncio.gather(*(cluster.create_pod(make_pod(n)) for n in names))
-        pods = await cluster.wait_running(names, timeout=120)
-        took = time.monotonic() - began
-        phases = sorted({str((p.get("status") or {}).get("phase")) for p in pods.values()})
-        if phases != ["Running"]:
-            say(f"  !! {tag}: pods ended {phases}, not all Running")
-        await cluster.delete_pods(wait=True)
-        return took
-
-    for rep in range(reps):
-        one = await running(1, f"one{rep}")
-        ten = await running(10, f"ten{rep}")
-        say(
-            f"  rep {rep + 1}: 1 pod {one:5.2f}s, 10 pods {ten:5.2f}s, "
-            f"ratio {ten / one:4.1f}x  ({load()})"
-        )

@@ -10,8 +10,9 @@
   pods bound/s and dra/alone; the extender's figure for the same nodes and pods is the
   ``throughput`` part's *hami* (run both: ``--only throughput dra``).
 - ``dra-one-node``: ``LocalCluster(mode="dra")`` with one node (node agent in ``mode:
-  dra``, kubelet emulator preparing claims): the time until one pod is Running, then until
-  10 one-slice pods created at once are all Running.
+  dra``, kubelet emulator preparing claims): one pod alone, then ``--one-node-pods`` (10)
+  one-slice pods created at once, timed from watch events (pods and ResourceClaims):
+  the marginal cost of each extra pod and its steps (``_one_node``).
 """
 
 from __future__ import annotations
@@ -36,20 +37,25 @@ from _e2e_common import (
     create_nodes,
     delete_all_pods,
     load,
-    one_vs_ten,
     say,
 )
+from _memory import room_for
+from _one_node import one_node as marginal_cost
 
 from hami.kube.client import Kube, open_client, pods_path
-from hami.kube.raw import KubeError, NotFound
+from hami.kube.raw import KubeError
 from hami.testkit.controlplane import ControlPlane
 from hami.testkit.dra_pods import claim_template, dra_pod, templates_path
 
 DRIVER = "nvidia.hami.io"
 DRA_NAME = "bench-dra"
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+# memory per 1,000 nodes (_memory.room_for): Nodes and ResourceSlices in kube-apiserver and
+# etcd, and kube-scheduler's copies of both
+MIB_PER_1000_NODES = 120
 
 
-def slice_body(node: str) -> dict[str, Any]:
+def slice_body(node: str, run: str) -> dict[str, Any]:
     """What hami.dra.slices publishes for 8 A100s (same capacities and policies)."""
     devices = [
         {
@@ -86,7 +92,7 @@ def slice_body(node: str) -> dict[str, Any]:
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
-        "metadata": {"name": f"{node}-nvidia-hami-io", "labels": {LABEL: "dra"}},
+        "metadata": {"name": f"{node}-nvidia-hami-io", "labels": {LABEL: run}},
         "spec": {
             "driver": DRIVER,
             "nodeName": node,
@@ -174,12 +180,12 @@ async def dra_round(
     }
 
 
-async def publish_slices(kube: Kube, names: list[str]) -> None:
+async def publish_slices(kube: Kube, names: list[str], run: str) -> None:
     gate = asyncio.Semaphore(16)
 
     async def publish(node: str) -> None:
         async with gate:
-            await kube.create("/apis/resource.k8s.io/v1/resourceslices", slice_body(node))
+            await kube.create(SLICES, slice_body(node, run))
 
     await asyncio.gather(*(publish(n) for n in names))
 
@@ -204,10 +210,12 @@ async def dra_throughput(args: argparse.Namespace, plane: ControlPlane) -> None:
         async with open_client(plane.kubeconfig) as kube:
             await ensure_device_class(kube)
             for count in args.nodes:
+                if not room_for(count, MIB_PER_1000_NODES, "DRA throughput"):
+                    continue
                 run = uuid.uuid4().hex[:6]
                 began = time.monotonic()
                 names = await create_nodes(kube, run, count)
-                await publish_slices(kube, names)
+                await publish_slices(kube, names, run)
                 say(
                     f"{count} nodes + ResourceSlices created in {time.monotonic() - began:.1f}s; "
                     f"{args.pods} pods"
@@ -231,13 +239,11 @@ async def dra_throughput(args: argparse.Namespace, plane: ControlPlane) -> None:
                     f"summary at {count} nodes: alone {alone:6.1f} pods/s, DRA {dra:6.1f} pods/s, "
                     f"ratio {dra / alone:4.2f}x ({load()})"
                 )
-                for name in names:
-                    with contextlib.suppress(KubeError, NotFound):
-                        await kube.delete(
-                            f"/apis/resource.k8s.io/v1/resourceslices/{name}-nvidia-hami-io"
-                        )
-                    with contextlib.suppress(KubeError, NotFound):
-                        await kube.delete(f"/api/v1/nodes/{name}")
+                selector = [("labelSelector", f"{LABEL}={run}")]
+                with contextlib.suppress(KubeError):
+                    await kube.delete(SLICES, query=selector)
+                with contextlib.suppress(KubeError):
+                    await kube.delete("/api/v1/nodes", query=selector)
             # the controller deallocates the rounds' claims before it stops (not timed):
             # left allocated, the next part's controller would first work through them
             await wait_claims_freed(kube)
@@ -250,10 +256,20 @@ async def dra_throughput(args: argparse.Namespace, plane: ControlPlane) -> None:
 async def dra_one_node(args: argparse.Namespace, plane: ControlPlane) -> None:
     from hami.testkit.cluster import LocalCluster, NodeSpec, Timing
 
-    say(f"\n== DRA one node, kubelet emulator: 1 pod vs 10 pods until Running ({load()})")
+    say(
+        f"\n== DRA one node, kubelet emulator: 1 pod, then {args.one_node_pods} at once, timed "
+        f"from watch events ({load()})"
+    )
     spec = NodeSpec("gpu-one", ({"count": 4, "model": GPU_MODEL, "memory": GPU_MEMORY},))
     async with LocalCluster([spec], plane=plane, timing=Timing(), mode="dra") as cluster:
         await cluster.kube.create(
             templates_path(cluster.namespace), claim_template("slice", mem=1000)
         )
-        await one_vs_ten(cluster, args.one_node_reps, lambda n: dra_pod(n, ["slice"]))
+        await marginal_cost(
+            cluster,
+            spec.name,
+            args.one_node_reps,
+            args.one_node_pods,
+            lambda n: dra_pod(n, ["slice"]),
+            dra=True,
+        )

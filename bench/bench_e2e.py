@@ -1,8 +1,9 @@
 """End to end on the real control plane: kube-scheduler alone vs kube-scheduler + hami.
 
-    .venv/bin/python bench/bench_e2e.py            # everything, default sizes (~12 min on 2 cores)
+    .venv/bin/python bench/bench_e2e.py            # everything, default sizes (65,000 nodes too)
     .venv/bin/python bench/bench_e2e.py --quick    # small sizes (a few minutes)
     .venv/bin/python bench/bench_e2e.py --only throughput --nodes 50 500 --pods 300
+    .venv/bin/python bench/bench_e2e.py --only throughput --nodes 50 --background-load 2
 
 Parts (``--only`` picks some):
 
@@ -21,10 +22,12 @@ Parts (``--only`` picks some):
   kinds and the policies.
   Figures: pods bound/s ((pods - 1) / first to last bind), hami/alone ratio, failed
   binds (``hami_bind_total``), scheduler CPU per placed pod (the hami process's user +
-  system time over the round / pods).
+  system time over the round / pods). ``--background-load N`` runs N busy processes (a
+  CPU-bound loop each) beside every round: the figure on a machine with other work.
 - ``one-node``: ``hami.testkit.LocalCluster`` with one node (node agent, fake backend,
-  kubelet emulator): the time until one pod is Running, then until 10 one-slice pods
-  created at once are all Running.
+  kubelet emulator): one pod alone, then ``--one-node-pods`` (10) one-slice pods created
+  at once, timed from watch events; figures: the marginal cost of each extra pod and the
+  steps of the serial chain it waits on (``_one_node``).
 - ``dra`` and ``dra-one-node``: the DRA mode (bench_dra.py): kube-scheduler alone vs
   kube-scheduler allocating DRA claims on the same kind of nodes, and the one-node case.
 - ``filter``: an in-process scheduler holding a synthetic cluster (``bench_filter.build``:
@@ -39,7 +42,9 @@ Parts (``--only`` picks some):
   brought up to date).
 
 The load average (``os.getloadavg``) is printed with every part: the figures are only as
-quiet as the machine. A benchmark, not a test: it prints figures and never fails on them.
+quiet as the machine. Sizes the machine's available memory cannot hold (the 65,000-node
+rows need several GiB: ``_memory.room_for``) are skipped with a printed reason. A
+benchmark, not a test: it prints figures and never fails on them.
 """
 
 from __future__ import annotations
@@ -70,19 +75,28 @@ from _e2e_common import (
     GPU_MODEL,
     GPUS,
     HAMI_NAME,
+    LABEL,
     PodWatch,
     bench_pod,
     create_nodes,
     delete_all_pods,
     load,
-    one_vs_ten,
     say,
 )
+from _memory import room_for
+from _one_node import one_node as marginal_cost
 
 from hami import config, log
 from hami.kube.client import Kube, open_client, pods_path
-from hami.kube.raw import KubeError, NotFound
+from hami.kube.raw import KubeError
 from hami.testkit.controlplane import ControlPlane, free_port
+
+# memory per 1,000 nodes (_memory.room_for): throughput holds the nodes in kube-apiserver,
+# etcd, kube-scheduler and the hami process; filter builds bench_filter's cluster in this
+# process and keeps the metrics text (~65 MiB per 1,000 nodes, docs/performance.md), and
+# its scrape client reads the 1.4 GB plain body at 65,000 nodes
+THROUGHPUT_MIB_PER_1000_NODES = 100
+FILTER_MIB_PER_1000_NODES = 110
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -282,78 +296,120 @@ async def throughput_round(
 
 
 async def throughput(args: argparse.Namespace, plane: ControlPlane, workdir: Path) -> None:
-    say(f"\n== throughput: kube-scheduler alone vs + hami ({load()})")
+    busy = f", {args.background_load} busy processes beside it" if args.background_load else ""
+    say(f"\n== throughput: kube-scheduler alone vs + hami{busy} ({load()})")
     hami = HamiProcess(plane, workdir, args.profile_hami)
     try:
         await asyncio.to_thread(hami.wait_ready)
         async with open_client(plane.kubeconfig) as kube:
             for count in args.nodes:
-                run = uuid.uuid4().hex[:6]
-                namespace = f"bench-{run}"
-                await kube.create(
-                    "/api/v1/namespaces",
-                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
-                )
-                began = time.monotonic()
-                names = await create_nodes(kube, run, count)
-                say(f"{count} nodes created in {time.monotonic() - began:.1f}s; {args.pods} pods")
-                await asyncio.sleep(2.0)  # the hami scheduler's watch takes them in
-                results: dict[tuple[str, str], list[dict[str, Any]]] = {}
-                for rnd in range(args.rounds):
-                    # the rounds with stuck pods once: they take longest
-                    stuck = ["alone+stuck", "hami+stuck"] if args.stuck and rnd == 0 else []
-                    order = [(p, m) for p in args.policies for m in ["alone", "hami", *stuck]]
-                    if rnd % 2:
-                        order.reverse()
-                    for policy, mode in order:
-                        result = await throughput_round(
-                            plane,
-                            kube,
-                            hami,
-                            run,
-                            namespace,
-                            args.pods,
-                            mode.startswith("hami"),
-                            policy,
-                            args.stuck if mode.endswith("stuck") else 0,
-                        )
-                        results.setdefault((policy, mode), []).append(result)
-                        say(
-                            f"  round {rnd + 1} {policy:7s} {mode:11s}: "
-                            f"{result['bound']}/{args.pods} bound, {result['rate']:6.1f} pods/s, "
-                            f"all in {result['until_all']:5.1f}s, failed binds {result['failed']}, "
-                            f"cpu/pod {result['cpu_ms_per_pod']:5.1f} ms  ({load()})"
-                        )
-                say(f"summary at {count} nodes ({load()}):")
-                for policy in args.policies:
-                    alone = statistics.median(r["rate"] for r in results[(policy, "alone")])
-                    with_hami = statistics.median(r["rate"] for r in results[(policy, "hami")])
-                    cpu = statistics.median(r["cpu_ms_per_pod"] for r in results[(policy, "hami")])
-                    failed = sum(r["failed"] for r in results[(policy, "hami")])
-                    say(
-                        f"  {policy:7s}: alone {alone:6.1f} pods/s, + hami {with_hami:6.1f} "
-                        f"pods/s, ratio {with_hami / alone:4.2f}x, failed binds {failed}, "
-                        f"hami cpu {cpu:5.1f} ms/pod"
-                    )
-                    if args.stuck:
-                        stuck = statistics.median(
-                            r["rate"] for r in results[(policy, "hami+stuck")]
-                        )
-                        base = statistics.median(
-                            r["rate"] for r in results[(policy, "alone+stuck")]
-                        )
-                        say(
-                            f"  {policy:7s}: with {args.stuck} stuck pods: alone {base:6.1f} "
-                            f"pods/s ({base / alone:4.2f}x of alone without them), + hami "
-                            f"{stuck:6.1f} pods/s ({stuck / with_hami:4.2f}x of hami without them)"
-                        )
-                with contextlib.suppress(KubeError):
-                    await kube.delete(f"/api/v1/namespaces/{namespace}")
-                for name in names:
-                    with contextlib.suppress(KubeError, NotFound):
-                        await kube.delete(f"/api/v1/nodes/{name}")
+                if room_for(count, THROUGHPUT_MIB_PER_1000_NODES, "throughput"):
+                    with background_load(args.background_load):
+                        await throughput_at(args, plane, kube, hami, count)
     finally:
         hami.stop()
+
+
+async def throughput_at(
+    args: argparse.Namespace, plane: ControlPlane, kube: Kube, hami: HamiProcess, count: int
+) -> None:
+    """Every round at ``count`` nodes, then the summary; the nodes are deleted after."""
+    run = uuid.uuid4().hex[:6]
+    namespace = f"bench-{run}"
+    await kube.create(
+        "/api/v1/namespaces",
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+    )
+    began = time.monotonic()
+    await create_nodes(kube, run, count)
+    say(f"{count} nodes created in {time.monotonic() - began:.1f}s; {args.pods} pods ({load()})")
+    # the hami scheduler's watch takes them in (it keeps up with the creation but for a few)
+    await asyncio.sleep(max(2.0, count / 10_000))
+    try:
+        results = await throughput_rounds(args, plane, kube, hami, run, namespace)
+        throughput_summary(args, count, results)
+    finally:
+        with contextlib.suppress(KubeError):
+            await kube.delete(f"/api/v1/namespaces/{namespace}")
+        with contextlib.suppress(KubeError):
+            await kube.delete("/api/v1/nodes", query=[("labelSelector", f"{LABEL}={run}")])
+
+
+Results = dict[tuple[str, str], list[dict[str, Any]]]
+
+
+async def throughput_rounds(
+    args: argparse.Namespace,
+    plane: ControlPlane,
+    kube: Kube,
+    hami: HamiProcess,
+    run: str,
+    namespace: str,
+) -> Results:
+    results: Results = {}
+    for rnd in range(args.rounds):
+        # the rounds with stuck pods once: they take longest
+        stuck = ["alone+stuck", "hami+stuck"] if args.stuck and rnd == 0 else []
+        order = [(p, m) for p in args.policies for m in ["alone", "hami", *stuck]]
+        if rnd % 2:
+            order.reverse()
+        for policy, mode in order:
+            result = await throughput_round(
+                plane,
+                kube,
+                hami,
+                run,
+                namespace,
+                args.pods,
+                mode.startswith("hami"),
+                policy,
+                args.stuck if mode.endswith("stuck") else 0,
+            )
+            results.setdefault((policy, mode), []).append(result)
+            say(
+                f"  round {rnd + 1} {policy:7s} {mode:11s}: "
+                f"{result['bound']}/{args.pods} bound, {result['rate']:6.1f} pods/s, "
+                f"all in {result['until_all']:5.1f}s, failed binds {result['failed']}, "
+                f"cpu/pod {result['cpu_ms_per_pod']:5.1f} ms  ({load()})"
+            )
+    return results
+
+
+def throughput_summary(args: argparse.Namespace, count: int, results: Results) -> None:
+    say(f"summary at {count} nodes ({load()}):")
+    for policy in args.policies:
+        alone = statistics.median(r["rate"] for r in results[(policy, "alone")])
+        with_hami = statistics.median(r["rate"] for r in results[(policy, "hami")])
+        cpu = statistics.median(r["cpu_ms_per_pod"] for r in results[(policy, "hami")])
+        failed = sum(r["failed"] for r in results[(policy, "hami")])
+        say(
+            f"  {policy:7s}: alone {alone:6.1f} pods/s, + hami {with_hami:6.1f} "
+            f"pods/s, ratio {with_hami / alone:4.2f}x, failed binds {failed}, "
+            f"hami cpu {cpu:5.1f} ms/pod"
+        )
+        if args.stuck:
+            stuck = statistics.median(r["rate"] for r in results[(policy, "hami+stuck")])
+            base = statistics.median(r["rate"] for r in results[(policy, "alone+stuck")])
+            say(
+                f"  {policy:7s}: with {args.stuck} stuck pods: alone {base:6.1f} "
+                f"pods/s ({base / alone:4.2f}x of alone without them), + hami "
+                f"{stuck:6.1f} pods/s ({stuck / with_hami:4.2f}x of hami without them)"
+            )
+
+
+@contextlib.contextmanager
+def background_load(count: int) -> Iterator[None]:
+    """``count`` busy processes (a Python loop each, CPU-bound) for the body: a machine
+    with other work on it, as users' machines have, at a fixed and known load."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    if procs:
+        say(f"  {count} busy processes started ({load()}; the load average lags a minute)")
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 # --------------------------------------------------------------------------- one node
@@ -362,11 +418,20 @@ async def throughput(args: argparse.Namespace, plane: ControlPlane, workdir: Pat
 async def one_node(args: argparse.Namespace, plane: ControlPlane) -> None:
     from hami.testkit.cluster import LocalCluster, NodeSpec, Timing, gpu_pod, limits
 
-    say(f"\n== one node, kubelet emulator: 1 pod vs 10 pods until Running ({load()})")
+    say(
+        f"\n== one node, kubelet emulator: 1 pod, then {args.one_node_pods} at once, timed from "
+        f"watch events ({load()})"
+    )
     spec = NodeSpec("gpu-one", ({"count": 4, "model": GPU_MODEL, "memory": GPU_MEMORY},))
     timing = Timing(register_period=1.0, handshake_period=1.0, handshake_timeout=30.0)
     async with LocalCluster([spec], plane=plane, timing=timing) as cluster:
-        await one_vs_ten(cluster, args.one_node_reps, lambda n: gpu_pod(n, [limits(1, mem=1000)]))
+        await marginal_cost(
+            cluster,
+            spec.name,
+            args.one_node_reps,
+            args.one_node_pods,
+            lambda n: gpu_pod(n, [limits(1, mem=1000)]),
+        )
 
 
 # --------------------------------------------------------------------------- filter
@@ -455,6 +520,8 @@ UNPLACEABLE = (
 
 def filter_http(args: argparse.Namespace) -> None:
     for nodes in args.filter_nodes:
+        if not room_for(nodes, FILTER_MIB_PER_1000_NODES, "filter over HTTP"):
+            continue
         say(f"\n== filter over HTTP at {nodes} nodes x {GPUS} GPUs ({load()})")
         began = time.monotonic()
         server = Server(nodes)
@@ -632,7 +699,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=["throughput", "one-node", "filter", "dra", "dra-one-node"],
         default=None,
     )
-    parser.add_argument("--nodes", type=int, nargs="*", default=None, help="default 50 500")
+    parser.add_argument("--nodes", type=int, nargs="*", default=None, help="default 50 500 65000")
     parser.add_argument("--pods", type=int, default=None, help="pods per round (default 300)")
     parser.add_argument("--rounds", type=int, default=None, help="default 2")
     parser.add_argument("--policies", nargs="*", default=["binpack", "spread"])
@@ -641,6 +708,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--one-node-reps", type=int, default=None, help="default 2")
     parser.add_argument(
+        "--one-node-pods", type=int, default=10, help="pods created at once on one node"
+    )
+    parser.add_argument(
         "--sched-qps",
         type=int,
         default=0,
@@ -648,7 +718,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(default: kube-scheduler's own, 50/100)",
     )
     parser.add_argument(
-        "--filter-nodes", type=int, nargs="*", default=None, help="default 1000 5000 15000"
+        "--filter-nodes",
+        type=int,
+        nargs="*",
+        default=None,
+        help="default 1000 5000 15000 65000",
+    )
+    parser.add_argument(
+        "--background-load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="throughput part: N busy processes (a CPU-bound loop each) run beside it",
     )
     parser.add_argument("--calls", type=int, default=None, help="filter calls per figure")
     parser.add_argument(
@@ -659,12 +740,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--bodies", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     quick = args.quick
-    args.nodes = args.nodes or ([50] if quick else [50, 500])
+    args.nodes = args.nodes or ([50] if quick else [50, 500, 65000])
     args.pods = args.pods or (100 if quick else 300)
     args.rounds = args.rounds or (1 if quick else 2)
     args.stuck = (20 if quick else 100) if args.stuck is None else args.stuck
     args.one_node_reps = args.one_node_reps or (1 if quick else 2)
-    args.filter_nodes = args.filter_nodes or ([1000] if quick else [1000, 5000, 15000])
+    args.filter_nodes = args.filter_nodes or ([1000] if quick else [1000, 5000, 15000, 65000])
     args.calls = args.calls or (50 if quick else 200)
     args.only = set(args.only or ["throughput", "one-node", "filter", "dra", "dra-one-node"])
     return args

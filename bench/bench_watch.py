@@ -1,6 +1,6 @@
 """Time the scheduler's watch handling: decoding watch lines, the reflector, on_pod/on_node.
 
-    .venv/bin/python bench/bench_watch.py                    # 20,000 events, 1,000 nodes
+    .venv/bin/python bench/bench_watch.py          # 20,000 events; 1,000 and 65,000 nodes
     .venv/bin/python bench/bench_watch.py --events 50000 --profile
 
 A burst of watch events as the API server sends them (one JSON object a line), replayed
@@ -19,6 +19,8 @@ Figures per stage, each as events/s and µs per event:
 
 Times are CPU seconds of this process, the best of ``--repeat`` runs, so a busy machine
 skews them less. ``--profile`` prints the top functions of the total by cumulative time.
+Each ``--nodes`` size is a cluster of its own (the same events spread over more nodes); a
+size the machine's memory cannot hold is skipped with a printed reason.
 A benchmark, not a test: it prints figures and never fails on them.
 """
 
@@ -36,6 +38,8 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from _memory import room_for
+
 from hami import config, log
 from hami.backends.nvidia_names import NVIDIA_ALLOCATED, NVIDIA_RESOURCES, NVIDIA_TO_ALLOCATE
 from hami.core.requests import DeviceKind
@@ -48,6 +52,8 @@ KIND = DeviceKind("nvidia", "NVIDIA", NVIDIA_RESOURCES, NVIDIA_ALLOCATED, NVIDIA
 CHUNK = 64 * 1024
 Work = Callable[[], Awaitable[None]]
 NOW_STAMP = "Reported_2024-05-20 10:00:00"
+# the scheduler's state for nodes holding few pods, and the replayed events
+MIB_PER_1000_NODES = 15
 
 
 def managed_fields(manager: str) -> dict[str, Any]:
@@ -262,8 +268,8 @@ def replay(handler: Callable[[str, dict[str, Any]], None], objects: list[dict[st
     return work
 
 
-async def run(args: argparse.Namespace) -> None:
-    events, nodes, repeat = args.events, args.nodes, args.repeat
+async def run(args: argparse.Namespace, nodes: int) -> None:
+    events, repeat = args.events, args.repeat
     rng = random.Random(args.seed)
     node_names = [f"node-{n:05d}" for n in range(nodes)]
     pods_n = max(1, events // 4)  # each pod changes about four times in the burst
@@ -329,14 +335,16 @@ async def run(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=20_000)
-    parser.add_argument("--nodes", type=int, default=1_000)
+    parser.add_argument("--nodes", type=int, nargs="*", default=[1_000, 65_000])
     parser.add_argument("--gpu-share", type=float, default=0.1)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     log.configure(level="warning")
-    asyncio.run(run(args))
+    for nodes in args.nodes:
+        if room_for(nodes, MIB_PER_1000_NODES, "bench_watch"):
+            asyncio.run(run(args, nodes))
 
 
 if __name__ == "__main__":
