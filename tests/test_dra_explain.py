@@ -315,15 +315,17 @@ def test_allocated_claim_pins_the_pod() -> None:
     pod["status"]["phase"] = "Running"
     mine = held("p-gpu0-x", "n1", "nvidia-0", "100Mi")
     mine["metadata"]["namespace"] = "ns"
+    results = mine["status"]["allocation"]["devices"]["results"]
+    results.append({**results[0], "device": "nvidia-1"})
     answer = explain_pod(pod, [mine], {}, [a_slice("n1"), a_slice("n2")])
     assert answer is not None
     assert answer["assigned"] == "n1"
     assert answer["allocated"] == [
-        {"claim": "claim p-gpu0-x", "node": "n1", "devices": ["nvidia-0"]}
+        {"claim": "claim p-gpu0-x", "node": "n1", "devices": ["nvidia-0", "nvidia-1"]}
     ]
     assert answer["nodes"]["n1"] == "fits"
     assert answer["nodes"]["n2"] == (
-        "claim p-gpu0-x is allocated on node n1 (nvidia-0): the pod can only go there"
+        "claim p-gpu0-x is allocated on node n1 (nvidia-0, nvidia-1): the pod can only go there"
     )
 
 

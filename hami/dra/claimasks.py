@@ -193,13 +193,11 @@ def _pinned(claim: Mapping[str, Any], label: str, drivers: Iterable[str]) -> Pin
     if not isinstance(results, list) or not results:
         return None
     mine = set(drivers)
-    pools = {
-        str(r.get("pool")): str(r.get("device"))
-        for r in results
-        if isinstance(r, Mapping) and r.get("driver") in mine
-    }
-    node = next(iter(pools), "")
-    return Pinned(label, node, tuple(pools.values())) if node else None
+    ours = [r for r in results if isinstance(r, Mapping) and r.get("driver") in mine]
+    # hami's pool is the node; one claim's devices are all on one node
+    node = str(ours[0].get("pool") or "") if ours else ""
+    devices = tuple(str(r.get("device")) for r in ours if r.get("pool") == node)
+    return Pinned(label, node, devices) if node else None
 
 
 def pod_asks(
