@@ -5,7 +5,7 @@ devicepicture and whynot), and the printed answer. Issue 22 item 6."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -14,12 +14,14 @@ from hypothesis import strategies as st
 
 from hami.backends.base import BackendSettings, Device
 from hami.backends.fake import FakeBackend
+from hami.core.requests import DeviceKind, parse_pod
 from hami.dra import slices
 from hami.dra.claimasks import Toleration
 from hami.dra.devicepicture import Taint
 from hami.dra.explainpod import explain_pod
 from hami.dra.whynot import tolerated
 from hami.scheduler import explain_cli
+from hami.scheduler.explain import waits_on_claims
 from hami.testkit.dra_pods import claim_spec, claim_template, dra_pod, percent_template
 
 A100 = "NVIDIA-A100-SXM4-40GB"
@@ -515,3 +517,19 @@ def test_printed_answer_lists_each_reason(capsys: pytest.CaptureFixture[str]) ->
     assert out[4] == "      GPU-n1-1 has 0 MiB free, claim p-gpu0-x request 'gpu' asks 8000 MiB"
     assert out[5] == "n2    fits"
     assert out[-1] == "kube-scheduler says: 0/2 nodes are available: 1 cannot allocate all claims."
+
+
+def test_a_pod_with_claims_and_hami_limits_is_the_extenders() -> None:
+    kinds = [DeviceKind.from_backend(FakeBackend(BackendSettings()))]
+
+    def parse(pod: Mapping[str, Any]) -> Any:
+        return parse_pod(pod, kinds)
+
+    pod = pending(["small"])
+    assert waits_on_claims(pod, parse)
+    pod["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "1"}
+    assert not waits_on_claims(pod, parse)
+    pod["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "-1"}
+    assert not waits_on_claims(pod, parse)  # unreadable: the extender's answer says why
+    del pod["spec"]["resourceClaims"]
+    assert not waits_on_claims(pod, parse)

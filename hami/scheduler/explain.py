@@ -35,7 +35,7 @@ class Explainer:
     async def explain(self, namespace: str, name: str) -> Json:
         """The pod read fresh, judged against every node."""
         pod = await self._kube().get_pod(namespace, name)
-        if draexplain.names_claims(pod):
+        if waits_on_claims(pod, self.parse):
             dra = await draexplain.explain(self._kube(), pod)
             if dra is not None:
                 return dra
@@ -78,6 +78,20 @@ class Explainer:
             "nodes": {node: reason or "fits" for node, reason in reasons.items()},
             "quota": quota_view(self.cluster.quotas.status(namespace)),
         }
+
+
+def waits_on_claims(
+    pod: Mapping[str, Any], parse: Callable[[Mapping[str, Any]], PodRequest | None]
+) -> bool:
+    """Whether the pod is the DRA mode's: it names claims and asks hami no device through
+    extended resources (a pod with both, e.g. a NIC claim beside ``nvidia.com/gpu``, is the
+    extender's, and is explained without reading claims it may have no right to read)."""
+    if not draexplain.names_claims(pod):
+        return False
+    try:
+        return parse(pod) is None
+    except RequestError:
+        return False
 
 
 def quota_view(rows: Sequence[QuotaStatus]) -> Json:

@@ -87,16 +87,17 @@ async def compute(cfg: config.Config, namespace: str, name: str) -> dict[str, An
     from hami.kube.client import open_client
     from hami.kube.raw import KubeError
     from hami.scheduler import draexplain
+    from hami.scheduler.explain import waits_on_claims
     from hami.scheduler.role import device_kinds
     from hami.scheduler.service import Scheduler
 
     async with open_client(cfg.kubeconfig or None) as kube:
-        pod = await kube.get_pod(namespace, name)
-        if draexplain.names_claims(pod):
-            dra = await draexplain.explain(kube, pod)
-            if dra is not None:  # else: claims of no hami DeviceClass, the extender's pod
-                return dra
         scheduler = Scheduler(cfg.scheduler, device_kinds(cfg), kube, emit_events=False)
+        pod = await kube.get_pod(namespace, name)
+        if waits_on_claims(pod, scheduler.parse):  # no need to list every pod and node
+            dra = await draexplain.explain(kube, pod)
+            if dra is not None:  # else: claims of no hami DeviceClass
+                return dra
         nodes, _ = await kube.list_all("/api/v1/nodes")
         for node in nodes:
             scheduler.on_node("ADDED", node)
