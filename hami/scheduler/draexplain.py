@@ -13,7 +13,7 @@ from hami import log
 from hami.dra import explainpod
 from hami.kube.client import Kube
 from hami.kube.objects import metadata_of, pod_key
-from hami.kube.raw import KubeError, NotFound
+from hami.kube.raw import KubeError
 
 _log = log.get(__name__)
 
@@ -54,21 +54,12 @@ def _event_time(event: Any) -> str:
 
 
 async def _templates(kube: Kube, pod: Mapping[str, Any]) -> dict[tuple[str, str], Json]:
-    """The ResourceClaimTemplates the pod names (a missing one is simply absent)."""
+    """The pod's namespace's ResourceClaimTemplates, listed (the right the DRA score's
+    role already has; ``get`` it has not)."""
     namespace = str(metadata_of(pod).get("namespace") or "default")
-    spec = pod.get("spec")
-    refs = spec.get("resourceClaims") if isinstance(spec, Mapping) else None
-    out: dict[tuple[str, str], Json] = {}
-    for ref in refs if isinstance(refs, list) else []:
-        name = ref.get("resourceClaimTemplateName") if isinstance(ref, Mapping) else None
-        if not isinstance(name, str) or not name or (namespace, name) in out:
-            continue
-        path = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates/{name}"
-        try:
-            out[(namespace, name)] = await kube.request("GET", path)
-        except NotFound:
-            continue
-    return out
+    path = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates"
+    items, _ = await kube.list_all(path)
+    return {(namespace, str(metadata_of(t).get("name") or "")): t for t in items}
 
 
 def _pending(pod: Mapping[str, Any]) -> bool:
