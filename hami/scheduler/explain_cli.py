@@ -35,7 +35,9 @@ def add_parser(subparsers: Any) -> None:
         help="a running scheduler role (default: http://127.0.0.1:{scheduler.extender.port})",
     )
     parser.add_argument(
-        "--offline", action="store_true", help="compute from the cluster's annotations only"
+        "--offline",
+        action="store_true",
+        help="compute from the API server only (annotations; claims and slices for a DRA pod)",
     )
     parser.add_argument("--json", action="store_true", help="print the answer as JSON")
     parser.set_defaults(func=run)
@@ -53,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         url = args.url or f"http://127.0.0.1:{cfg.scheduler.extender.port}"  # /explain is there
         answer = ask_scheduler(url, args.namespace, args.pod)
         if answer is None:
-            print(f"no scheduler answered at {url}; computing from annotations", file=sys.stderr)
+            print(f"no scheduler answered at {url}; computing from the API server", file=sys.stderr)
     if answer is None:
         try:
             answer = asyncio.run(compute(cfg, args.namespace, args.pod))
