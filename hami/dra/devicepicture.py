@@ -199,11 +199,11 @@ def holds(
     claims: Iterable[Mapping[str, Any]],
     drivers: Mapping[str, str],
     skip: Sequence[str] = (),
-) -> tuple[dict[tuple[str, str], Held], list[str]]:
-    """(node, device name) -> what allocated claims hold there; claims named in ``skip``
+) -> tuple[dict[str, dict[str, Held]], list[str]]:
+    """node -> device name -> what allocated claims hold there; claims named in ``skip``
     (``ns/name``) are left out. A result without consumed capacity holds the device whole
     (``inventory``'s rule), and says which claim does."""
-    out: dict[tuple[str, str], Held] = {}
+    out: dict[str, dict[str, Held]] = {}
     errors: list[str] = []
     for obj in claims:
         name = claim_name(obj)
@@ -213,7 +213,7 @@ def holds(
         errors.extend(read.errors)
         for node, usage in read.usage.items():
             for device, use in usage.items():
-                held = out.setdefault((node, device), Held())
+                held = out.setdefault(node, {}).setdefault(device, Held())
                 held.use.add(use)
                 held.claims.append(name)
                 if use.memory >= inventory.WHOLE_MEMORY:

@@ -73,8 +73,8 @@ def explain_pod(
     every = {n for n in nodes if n} | set(seen.devices) | {p.node for p in asks.pinned}
     verdicts: dict[str, whynot.Verdict] = {}
     for node in sorted(every):
-        mine = {device: h for (n, device), h in held.items() if n == node}
         devices = seen.devices.get(node, ())
+        mine = held.get(node, {})
         verdicts[node] = whynot.judge_node(node, asks.wanted, devices, mine, asks.pinned)
     spec = pod.get("spec")
     assigned = spec.get("nodeName") if isinstance(spec, Mapping) else None
