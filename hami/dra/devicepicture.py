@@ -11,6 +11,7 @@ kube-scheduler reads pools.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,20 +78,28 @@ class Picture:
     errors: tuple[str, ...] = ()
 
 
+_parse_text = functools.lru_cache(maxsize=4096)(parse_quantity)
+
+
+def _quantity(value: Any) -> int:
+    # every device of a pool repeats the same few strings ("40960Mi", "100", "1")
+    return _parse_text(value) if isinstance(value, str) else parse_quantity(value)
+
+
 def _amount(capacity: Mapping[str, Any], name: str, scale: int) -> Amount:
     entry = capacity.get(name)
     entry = entry if isinstance(entry, Mapping) else {}
-    total = -(-parse_quantity(entry.get("value")) // scale)
+    total = -(-_quantity(entry.get("value")) // scale)
     policy = entry.get("requestPolicy")
     policy = policy if isinstance(policy, Mapping) else {}
-    default = -(-parse_quantity(policy["default"]) // scale) if "default" in policy else total
+    default = -(-_quantity(policy["default"]) // scale) if "default" in policy else total
     most = total
     valid_range = policy.get("validRange")
     if isinstance(valid_range, Mapping) and valid_range.get("max") is not None:
-        most = min(total, parse_quantity(valid_range["max"]) // scale)
+        most = min(total, _quantity(valid_range["max"]) // scale)
     values = policy.get("validValues")
     if isinstance(values, list) and values:
-        most = min(total, max(parse_quantity(v) // scale for v in values))
+        most = min(total, max(_quantity(v) // scale for v in values))
     return Amount(total, default, most)
 
 

@@ -6,6 +6,7 @@ is ``hami.dra.explainpod``'s.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
@@ -81,7 +82,9 @@ async def explain(kube: Kube, pod: Mapping[str, Any]) -> Json | None:
     except KubeError as exc:  # the nodes that publish devices still say enough
         _log.warning("nodes not read", error=str(exc))
         nodes = []
-    answer = explainpod.explain_pod(pod, claims, templates, slices, nodes)
+    # seconds of pure work on a large cluster: off the loop, so a role's filter and
+    # prioritize calls are still answered meanwhile
+    answer = await asyncio.to_thread(explainpod.explain_pod, pod, claims, templates, slices, nodes)
     if answer is not None and not answer["error"] and _pending(pod):
         answer["scheduler_message"] = await latest_failed_scheduling(kube, pod)
     return answer
