@@ -97,7 +97,7 @@ def test_admin_claim_gets_the_devices_and_nothing_of_hamicore() -> None:
     assert not any(key.startswith(HAMICORE_ENV) for key in cdi.spec_env(prepared.spec))
     # no libvgpu, no preload, no cache directory, no lock directory: not a tenant
     assert "mounts" not in edits
-    assert list(prepared.allocation.host_dirs) == []
+    assert prepared.host_dirs == []
     # kubelet's answer is the same shape as for any claim
     assert [d["deviceName"] for d in prepared.devices] == ["nvidia-0", "nvidia-1"]
     assert prepared.devices[0]["cdiDeviceIds"] == ["nvidia.hami.io/claim=uid-a"]

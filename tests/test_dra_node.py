@@ -77,7 +77,7 @@ def test_cdi_spec_carries_the_hamicore_contract() -> None:
         "/usr/local/vgpu/containers/pod-uid-1_claim-c1"
     )
     assert "/tmp/vgpulock" in mounts and "/etc/ld.so.preload" in mounts
-    assert prepared.allocation.host_dirs == ["/usr/local/vgpu/containers/pod-uid-1_claim-c1"]
+    assert prepared.host_dirs == ["/usr/local/vgpu/containers/pod-uid-1_claim-c1"]
     # one CDI id per request, on its first device; each device reports pool, name, share
     assert prepared.devices[0]["cdiDeviceIds"] == ["nvidia.hami.io/claim=uid-1"]
     assert prepared.devices[1]["cdiDeviceIds"] == []

@@ -1,4 +1,5 @@
-"""The CDI spec that gives a container one claim's HAMi-core contract (protocol.md §6).
+"""The CDI spec of one claim: one device per group of its requests (hami.dra.groups), each
+with the HAMi-core contract (protocol.md §6) of that group's slices.
 
 The container runtime applies a CDI device's ``containerEdits`` (env, mounts, device nodes)
 to every container that names the id prepare returned; the edits are exactly what the
@@ -11,6 +12,7 @@ import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ def _mount(host: str, container: str, read_only: bool) -> JSON:
     }
 
 
-def cdi_spec(driver: str, claim_uid: str, allocation: ContainerAllocation) -> JSON:
+def _edits(allocation: ContainerAllocation) -> JSON:
     edits: JSON = {"env": [f"{k}={v}" for k, v in sorted(allocation.envs.items())]}
     if allocation.mounts:
         edits["mounts"] = [
@@ -40,18 +42,28 @@ def cdi_spec(driver: str, claim_uid: str, allocation: ContainerAllocation) -> JS
             {"path": d.container_path, "hostPath": d.host_path, "permissions": d.permissions}
             for d in allocation.devices
         ]
+    return edits
+
+
+def cdi_spec(driver: str, devices: Sequence[tuple[str, ContainerAllocation]]) -> JSON:
+    """The spec file of one claim: ``devices`` are (CDI device name, its edits)."""
     return {
         "cdiVersion": CDI_VERSION,
         "kind": names.cdi_kind(driver),
-        "devices": [{"name": claim_uid, "containerEdits": edits}],
+        "devices": [
+            {"name": name, "containerEdits": _edits(allocation)} for name, allocation in devices
+        ],
     }
 
 
-def spec_env(spec: JSON) -> dict[str, str]:
-    """The environment a container gets from a spec (what a runtime would set)."""
+def spec_env(spec: JSON, device: str | None = None) -> dict[str, str]:
+    """The environment a container gets from a spec's devices, or from its device named
+    ``device`` (what a runtime would set)."""
     env: dict[str, str] = {}
-    for device in spec.get("devices") or []:
-        for item in (device.get("containerEdits") or {}).get("env") or []:
+    for entry in spec.get("devices") or []:
+        if device is not None and entry.get("name") != device:
+            continue
+        for item in (entry.get("containerEdits") or {}).get("env") or []:
             key, _, value = str(item).partition("=")
             env[key] = value
     return env

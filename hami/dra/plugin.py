@@ -4,11 +4,13 @@ kubelet's plugin watcher finds ``{registry_dir}/{driver}-reg.sock`` and calls
 ``GetInfo`` (type ``DRAPlugin``, the driver name, the DRA socket
 ``{plugins_dir}/{driver}/dra.sock`` and the service ``v1.DRAPlugin``), then
 ``NotifyRegistrationStatus``. For each pod it calls ``NodePrepareResources`` with the
-pod's claims (namespace, name, uid): the plugin reads each claim, validates this driver's
-allocation results against the node's devices, writes one CDI spec per claim and answers
-with the CDI device ids. Prepared claims are checkpointed (``{plugins_dir}/{driver}/
-checkpoint.json``), so prepare is idempotent across agent restarts; unprepare removes the
-spec and the entry. Every failure is reported for its claim only.
+pod's claims (namespace, name, uid): the plugin reads each claim and the pods it is reserved
+for, validates this driver's allocation results against the node's devices, writes one CDI
+spec per claim (one CDI device per group of requests its containers use together,
+hami.dra.groups) and answers with the CDI device ids. Prepared claims are checkpointed
+(``{plugins_dir}/{driver}/checkpoint.json``), so prepare is idempotent across agent
+restarts; unprepare removes the spec and the entry. Every failure is reported for its claim
+only.
 """
 
 from __future__ import annotations
@@ -33,10 +35,13 @@ from hami.dra.checkpoint import Checkpoint
 from hami.dra.claims import EntryCheck, claim_allocation
 from hami.dra.metrics import DRAMetrics
 from hami.dra.prepare import prepare_claim
+from hami.kube.raw import KubeError
 
 _log = log.get(__name__)
 JSON = dict[str, Any]
 CLAIMS_PATH = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
+PODS_PATH = "/api/v1/namespaces/{namespace}/pods/{name}"
+MAX_PODS = 16  # reserving pods read for their containers; a claim may list 256
 
 
 class ClaimKube(Protocol):
@@ -100,6 +105,28 @@ class DRAService(dra_grpc.DRAPluginBase):
             await asyncio.to_thread(cdi.write_spec, self.cdi_dir, self.driver, uid, done["spec"])
         return list(done["devices"])
 
+    async def _pods(self, namespace: str, claim: JSON) -> list[JSON]:
+        """The pods the claim is reserved for: their containers say which requests are used
+        together. A pod gone (404) or replaced (another uid) is left out; any other error
+        fails the prepare (kubelet retries) rather than guess the groups."""
+        status = claim.get("status")
+        refs = status.get("reservedFor") if isinstance(status, dict) else None
+        pods: list[JSON] = []
+        for ref in (refs if isinstance(refs, list) else [])[:MAX_PODS]:
+            if not isinstance(ref, dict) or ref.get("resource") != "pods" or not ref.get("name"):
+                continue
+            path = PODS_PATH.format(namespace=namespace, name=ref["name"])
+            try:
+                pod = await self.kube.request("GET", path)
+            except KubeError as exc:
+                if exc.status == 404:
+                    continue
+                raise
+            meta = pod.get("metadata")
+            if isinstance(meta, dict) and meta.get("uid") == ref.get("uid"):
+                pods.append(pod)
+        return pods
+
     async def prepare(self, namespace: str, name: str, uid: str) -> list[JSON]:
         """The devices of one claim (prepared now or before). Raises on failure."""
         async with self._lock:
@@ -108,6 +135,7 @@ class DRAService(dra_grpc.DRAPluginBase):
             return done
         # the read outside the lock: a burst of pods prepares its claims concurrently
         claim = await self.kube.request("GET", CLAIMS_PATH.format(namespace=namespace, name=name))
+        pods = await self._pods(namespace, claim)
         async with self._lock:
             done = await self._prepared(uid)  # a concurrent call for the same claim won
             if done is not None:
@@ -121,8 +149,8 @@ class DRAService(dra_grpc.DRAPluginBase):
                 node_devices=node_devices,
                 check=self.check,
             )
-            prepared = prepare_claim(allocation, self.backend, node_devices)
-            await asyncio.to_thread(_make_dirs, list(prepared.allocation.host_dirs))
+            prepared = prepare_claim(allocation, self.backend, node_devices, pods)
+            await asyncio.to_thread(_make_dirs, prepared.host_dirs)
             await asyncio.to_thread(cdi.write_spec, self.cdi_dir, self.driver, uid, prepared.spec)
             entry = {
                 "namespace": namespace,
@@ -140,6 +168,7 @@ class DRAService(dra_grpc.DRAPluginBase):
                     f"{d.device}:{d.slice.memory}MiB/{d.slice.cores}%" for d in allocation.devices
                 ],
                 admin_access=allocation.admin_access,
+                groups=["+".join(g.requests) for g in prepared.groups],
             )
             return prepared.devices
 

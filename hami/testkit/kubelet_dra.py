@@ -344,6 +344,7 @@ class DRAClient:
                 d
                 for d in prepared.devices
                 if request is None
+                or not d.request_names  # kubelet: a device naming no request serves them all
                 or request in d.request_names
                 or any(r.split("/")[0] == request for r in d.request_names)
             ]
@@ -354,12 +355,13 @@ class DRAClient:
                 claim_name = names.get(ref.get("name"))
                 if claim_name is None:
                     continue
+                # kubelet's cdiDevicesAsList: in the answer's order, not deduplicated
                 for d in devices(claim_name, ref.get("request") or None):
-                    ids += [i for i in d.cdi_ids if i not in ids]
+                    ids += d.cdi_ids
             for m in ext.get("requestMappings") or []:
                 if m.get("containerName") == c["name"]:
                     for d in devices(ext["resourceClaimName"], m.get("requestName")):
-                        ids += [i for i in d.cdi_ids if i not in ids]
+                        ids += d.cdi_ids
             if ids:
                 out[c["name"]] = self.cdi.env(ids)
         return out
