@@ -22,6 +22,7 @@ import pytest_asyncio
 from _sched_helpers import FakeClock, running_scheduler
 
 from hami import cli, log
+from hami.kube.raw import KubeError
 from hami.scheduler import draexplain
 from hami.testkit.cluster import LocalCluster, NodeSpec, Timing, phase_of, poll
 from hami.testkit.controlplane import ControlPlane
@@ -131,3 +132,74 @@ async def test_explain_names_node_device_and_shortfall(
     assert placed["nodes"][T4].endswith(
         f"is allocated on node {A100} (nvidia-0, nvidia-1): the pod can only go there"
     )
+
+
+async def ensure(cluster: LocalCluster, body: dict[str, Any]) -> None:
+    """Create a template or pod unless an earlier test did."""
+    try:
+        if body["kind"] == "Pod":
+            await cluster.create_pod(body)
+        else:
+            await cluster.kube.create(templates_path(cluster.namespace), body)
+    except KubeError as exc:
+        if exc.status != 409:
+            raise
+
+
+async def verdict(cluster: LocalCluster, name: str) -> dict[str, Any]:
+    """explain's answer once the pod's claim exists and kube-scheduler gave up on it."""
+    await failed_scheduling(cluster, name)
+
+    async def made() -> bool:
+        pod = await cluster.get_pod(name)
+        return bool((pod.get("status") or {}).get("resourceClaimStatuses"))
+
+    await poll(made, 30, f"{name}'s claim")
+    answer = await draexplain.explain(cluster.kube, await cluster.get_pod(name))
+    assert answer is not None and answer["error"] == "", answer
+    return answer
+
+
+async def test_explain_agrees_with_kube_schedulers_allocator(cluster: LocalCluster) -> None:
+    """Where hami says no node fits, kube-scheduler leaves the pod Pending; where it says
+    one fits, kube-scheduler places the pod there: each reason checked against the real
+    allocator, not only against this project's reading of it."""
+    await ensure(cluster, claim_template("two-30000", count=2, mem=30000))
+    await ensure(cluster, dra_pod("filler", ["two-30000"]))
+    await cluster.wait_pod("filler", timeout=60)
+    t4_uuid = cluster.nodes[T4].uuids[0]
+    a100_model = "NVIDIA-A100-SXM4-40GB"
+
+    # a T4 model selector and more than a T4 has
+    await ensure(cluster, claim_template("t4-16000", mem=16000, model="T4"))
+    await ensure(cluster, dra_pod("t4-big", ["t4-16000"]))
+    answer = await verdict(cluster, "t4-big")
+    label = answer["requests"][0]
+    assert answer["details"][T4] == [f"{t4_uuid} has 15360 MiB in all, {label} asks 16000 MiB"]
+    assert all(
+        line.endswith(f"is a {a100_model}, {label} asks a model containing 't4'")
+        for line in answer["details"][A100]
+    ), answer["details"][A100]
+
+    # two distinct devices of 12000 MiB: 10960 free on each A100, one T4
+    await ensure(cluster, claim_template("two-12000", count=2, mem=12000))
+    await ensure(cluster, dra_pod("two-big", ["two-12000"]))
+    answer = await verdict(cluster, "two-big")
+    label = answer["requests"][0]
+    assert answer["details"][T4] == [f"{label} asks 2 devices, 1 can take it"]
+    assert len(answer["details"][A100]) == 2
+
+    # no memory named: the whole device; the A100s are shared, the T4 is free
+    await ensure(cluster, claim_template("whole"))
+    await ensure(cluster, dra_pod("whole-1", ["whole"]))
+    placed = await cluster.wait_pod("whole-1", timeout=60)
+    assert placed["spec"]["nodeName"] == T4  # the only node explain would call fitting
+    await ensure(cluster, dra_pod("whole-2", ["whole"]))
+    answer = await verdict(cluster, "whole-2")
+    label = answer["requests"][0]
+    assert answer["details"][T4] == [
+        "every one of the node's 1 hami devices is fully used",
+        f"{t4_uuid} has 0 MiB free, {label} asks the whole device (15360 MiB: no memory named)",
+    ]
+    assert all("asks the whole device (40960 MiB" in line for line in answer["details"][A100][-2:])
+    assert "fits" not in answer["nodes"].values()
