@@ -254,6 +254,28 @@ def score() -> DraScore:
     return s
 
 
+def test_a_nodes_devices_follow_its_slices() -> None:
+    """Two slices of one node add up; deleting one leaves the other's devices; deleting
+    the last removes the node; a slice moved to another node leaves the first."""
+    s = DraScore([KIND], CollectorRegistry())
+    first = a_slice("n1")
+    second = a_slice("n1")
+    second["metadata"]["name"] = "n1-second"
+    for device in second["spec"]["devices"]:
+        device["name"] = device["name"] + "-b"
+        device["attributes"]["uuid"] = {"string": device["attributes"]["uuid"]["string"] + "-b"}
+    s.on_slice("ADDED", first)
+    s.on_slice("ADDED", second)
+    assert len(s.cluster.nodes["n1"].devices) == 4
+    s.on_slice("DELETED", first)
+    assert sorted(s.cluster.nodes["n1"].devices) == ["nvidia-0-b", "nvidia-1-b"]
+    moved = {**second, "spec": {**second["spec"], "nodeName": "n2", "pool": {"name": "n2"}}}
+    s.on_slice("MODIFIED", moved)
+    assert "n1" not in s.cluster.nodes and len(s.cluster.nodes["n2"].devices) == 2
+    s.on_slice("DELETED", moved)
+    assert "n2" not in s.cluster.nodes
+
+
 def args(body: dict[str, Any], names: list[str]) -> dict[str, Any]:
     return {"Pod": body, "NodeNames": names}
 

@@ -139,6 +139,9 @@ class DraScore:
         self.metrics = DraScoreMetrics(registry)
         self._now = clock
         self._slices: dict[str, inventory.SliceDevices] = {}  # slice name -> devices
+        # node -> its slices' names: a slice event re-reads one node's slices, not all of
+        # them (the initial list of N slices would otherwise cost N x N)
+        self._node_slices: dict[str, set[str]] = {}
         self._claims: dict[tuple[str, str], Mapping[str, Any]] = {}
         self._claim_keys: dict[tuple[str, str], set[str]] = {}  # claim -> its hold keys
         self._templates: dict[tuple[str, str], Mapping[str, Any]] = {}
@@ -149,9 +152,16 @@ class DraScore:
     def on_slice(self, kind: str, obj: Json) -> None:
         name = str(metadata_of(obj).get("name") or "")
         old = self._slices.pop(name, None)
+        if old is not None:
+            names = self._node_slices.get(old.node)
+            if names is not None:
+                names.discard(name)
+                if not names:
+                    del self._node_slices[old.node]
         read = None if kind == "DELETED" else inventory.slice_devices(obj, self.drivers)
         if read is not None:
             self._slices[name] = read
+            self._node_slices.setdefault(read.node, set()).add(name)
             self._note("ResourceSlice", f"slice:{name}", read.errors)
         else:
             self._errors.pop(f"slice:{name}", None)
@@ -160,9 +170,9 @@ class DraScore:
 
     def _refresh_node(self, node: str) -> None:
         per_type: dict[str, list[NodeDevice]] = {}
-        for devices in self._slices.values():
-            if devices.node == node:
-                per_type.setdefault(devices.type_word, []).extend(devices.devices)
+        for slice_name in sorted(self._node_slices.get(node, ())):
+            devices = self._slices[slice_name]
+            per_type.setdefault(devices.type_word, []).extend(devices.devices)
         if not per_type:
             self.cluster.delete_node(node)
             return
