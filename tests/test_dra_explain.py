@@ -533,3 +533,26 @@ def test_a_pod_with_claims_and_hami_limits_is_the_extenders() -> None:
     assert not waits_on_claims(pod, parse)  # unreadable: the extender's answer says why
     del pod["spec"]["resourceClaims"]
     assert not waits_on_claims(pod, parse)
+
+
+def test_a_pool_not_named_after_its_node() -> None:
+    """Another writer's pool name: holds and allocations are placed by the slice's
+    nodeName and the allocation's nodeSelector, not by the pool's name."""
+    body = a_slice("n1", 1)
+    body["spec"]["pool"]["name"] = "extra"
+    other = held("a", "extra", "nvidia-0", "40000Mi")
+    pod = pending(["t8000"])
+    answer = explain(pod, [claim_template("t8000", mem=8000)], [body], [other])
+    assert answer["details"]["n1"] == [
+        "GPU-n1-0 has 960 MiB free, claim p-gpu0-x request 'gpu' asks 8000 MiB"
+    ]
+    mine = held("p-gpu0-x", "extra", "nvidia-0", "100Mi")
+    mine["metadata"]["namespace"] = "ns"
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
+    mine["status"]["allocation"]["nodeSelector"] = {"nodeSelectorTerms": [term]}
+    answer = explain_pod(pod, [mine], {}, [body, a_slice("n2", 1)])
+    assert answer is not None
+    assert answer["allocated"] == [
+        {"claim": "claim p-gpu0-x", "node": "n1", "devices": ["nvidia-0"]}
+    ]
+    assert answer["nodes"]["n1"] == "fits"

@@ -203,3 +203,62 @@ async def test_explain_agrees_with_kube_schedulers_allocator(cluster: LocalClust
     ]
     assert all("asks the whole device (40960 MiB" in line for line in answer["details"][A100][-2:])
     assert "fits" not in answer["nodes"].values()
+
+
+async def test_explain_names_a_device_taint_kube_scheduler_respects(cluster: LocalCluster) -> None:
+    """A tainted device (``resource.k8s.io`` device taints, on by default in 1.36), in a
+    pool of its own on ex-t4 (the agent keeps its own slice as it is): kube-scheduler does
+    not allocate it to a claim that does not tolerate the taint, and explain names it."""
+    path = "/apis/resource.k8s.io/v1/resourceslices"
+    (own,) = [s for s in (await cluster.kube.list_all(path))[0] if s["spec"].get("nodeName") == T4]
+    device = dict(own["spec"]["devices"][0])
+    device["name"] = "nvidia-9"
+    device["attributes"] = {
+        **device["attributes"],
+        "uuid": {"string": "GPU-tainted-9"},
+        "model": {"string": "NVIDIA-Tainted X1"},
+        "index": {"int": 9},
+    }
+    device["taints"] = [{"key": "gpu.hami.io/xid", "value": "79", "effect": "NoSchedule"}]
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "ex-t4-tainted"},
+        "spec": {
+            "driver": "nvidia.hami.io",
+            "pool": {"name": "ex-t4-tainted", "generation": 0, "resourceSliceCount": 1},
+            "nodeName": T4,
+            "devices": [device],
+        },
+    }
+    await cluster.kube.create(path, body)
+    try:
+        await ensure(cluster, claim_template("tainted", mem=1000, model="Tainted"))
+        await ensure(cluster, dra_pod("on-tainted", ["tainted"]))
+        answer = await verdict(cluster, "on-tainted")
+        label = answer["requests"][0]
+        pod = await cluster.get_pod("on-tainted")
+        assert phase_of(pod) == "Pending" and not pod["spec"].get("nodeName")
+        assert answer["details"][T4][-1] == (
+            f"GPU-tainted-9 has the taint gpu.hami.io/xid=79:NoSchedule, which {label} "
+            "does not tolerate"
+        )
+        assert "fits" not in answer["nodes"].values()
+
+        # the taint is what holds it: a claim that tolerates it is allocated that device
+        # (which the agent then refuses to prepare: not its pool; only the allocation counts)
+        tolerant = claim_template("tolerant", mem=1000, model="Tainted")
+        exact = tolerant["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+        exact["tolerations"] = [{"key": "gpu.hami.io/xid", "operator": "Exists"}]
+        await ensure(cluster, tolerant)
+        await ensure(cluster, dra_pod("tolerates", ["tolerant"]))
+        placed = await cluster.wait_pod("tolerates", lambda p: bool(p["spec"].get("nodeName")))
+        assert placed["spec"]["nodeName"] == T4
+        answer = await draexplain.explain(cluster.kube, placed)
+        assert answer is not None
+        assert answer["allocated"][0]["node"] == T4
+        assert answer["allocated"][0]["devices"] == ["nvidia-9"]
+    finally:
+        for name in ("on-tainted", "tolerates"):
+            await cluster.delete_pod(name)
+        await cluster.kube.delete(f"{path}/ex-t4-tainted")

@@ -188,16 +188,35 @@ def _expressions(body: Mapping[str, Any]) -> list[str]:
 def _pinned(claim: Mapping[str, Any], label: str, drivers: Iterable[str]) -> Pinned | None:
     status = claim.get("status")
     allocation = status.get("allocation") if isinstance(status, Mapping) else None
-    devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
+    if not isinstance(allocation, Mapping):
+        return None
+    devices = allocation.get("devices")
     results = devices.get("results") if isinstance(devices, Mapping) else None
     if not isinstance(results, list) or not results:
         return None
     mine = set(drivers)
     ours = [r for r in results if isinstance(r, Mapping) and r.get("driver") in mine]
-    # hami's pool is the node; one claim's devices are all on one node
-    node = str(ours[0].get("pool") or "") if ours else ""
-    devices = tuple(str(r.get("device")) for r in ours if r.get("pool") == node)
+    if not ours:
+        return None
+    # kube-scheduler names the node in the allocation's nodeSelector; hami's pool is the
+    # node's name too (the fallback), and one claim's devices are all on one node
+    node = _selected_node(allocation.get("nodeSelector")) or str(ours[0].get("pool") or "")
+    devices = tuple(str(r.get("device")) for r in ours)
     return Pinned(label, node, devices) if node else None
+
+
+def _selected_node(selector: Any) -> str:
+    """The node an allocation's ``nodeSelector`` names by ``metadata.name`` ("" if none)."""
+    terms = selector.get("nodeSelectorTerms") if isinstance(selector, Mapping) else None
+    for term in terms if isinstance(terms, list) else []:
+        fields = term.get("matchFields") if isinstance(term, Mapping) else None
+        for match in fields if isinstance(fields, list) else []:
+            if not isinstance(match, Mapping) or match.get("key") != "metadata.name":
+                continue
+            values = match.get("values")
+            if match.get("operator") == "In" and isinstance(values, list) and len(values) == 1:
+                return str(values[0])
+    return ""
 
 
 def pod_asks(

@@ -76,6 +76,8 @@ class Picture:
     devices: Mapping[str, tuple[DeviceView, ...]]  # node -> its hami devices
     drivers: Mapping[str, frozenset[str]]  # node -> the hami drivers it publishes
     errors: tuple[str, ...] = ()
+    # pool -> its node (hami names a pool after its node; another writer may not)
+    pools: Mapping[str, str] = field(default_factory=dict)
 
 
 _parse_text = functools.lru_cache(maxsize=4096)(parse_quantity)
@@ -173,6 +175,7 @@ def picture(slices: Iterable[Mapping[str, Any]], drivers: Mapping[str, str]) -> 
     cannot be read is left out with an error naming the slice and the device."""
     devices: dict[str, list[DeviceView]] = {}
     published: dict[str, set[str]] = {}
+    pools: dict[str, str] = {}
     errors: list[str] = []
     for obj in _newest(slices):
         read = inventory.slice_devices(obj, drivers)
@@ -182,6 +185,7 @@ def picture(slices: Iterable[Mapping[str, Any]], drivers: Mapping[str, str]) -> 
         errors.extend(read.errors)
         spec = obj["spec"]
         driver = str(spec.get("driver"))
+        pools[str(spec["pool"].get("name") or "")] = read.node
         published.setdefault(read.node, set()).add(driver)
         readable = {d.uuid for d in read.devices}  # inventory keys devices by their name
         for entry in spec.get("devices") or []:
@@ -195,6 +199,7 @@ def picture(slices: Iterable[Mapping[str, Any]], drivers: Mapping[str, str]) -> 
         {node: tuple(views) for node, views in devices.items()},
         {node: frozenset(d) for node, d in published.items()},
         tuple(errors),
+        pools,
     )
 
 
@@ -208,9 +213,11 @@ def holds(
     claims: Iterable[Mapping[str, Any]],
     drivers: Mapping[str, str],
     skip: Sequence[str] = (),
+    pools: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, dict[str, Held]], list[str]]:
-    """node -> device name -> what allocated claims hold there; claims named in ``skip``
-    (``ns/name``) are left out. A result without consumed capacity holds the device whole
+    """node -> device name -> what allocated claims hold there (a result's pool is its
+    node through ``pools``, else by hami's naming); claims named in ``skip`` (``ns/name``)
+    are left out. A result without consumed capacity holds the device whole
     (``inventory``'s rule), and says which claim does."""
     out: dict[str, dict[str, Held]] = {}
     errors: list[str] = []
@@ -220,7 +227,8 @@ def holds(
             continue
         read = inventory.claim_holds(obj, drivers)
         errors.extend(read.errors)
-        for node, usage in read.usage.items():
+        for pool, usage in read.usage.items():
+            node = (pools or {}).get(pool, pool)
             for device, use in usage.items():
                 held = out.setdefault(node, {}).setdefault(device, Held())
                 held.use.add(use)

@@ -69,7 +69,7 @@ def explain_pod(
         return None
     drivers = hami_drivers(slices)
     seen = devicepicture.picture((s for s in slices if isinstance(s, Mapping)), drivers)
-    held, hold_errors = devicepicture.holds((c for c in index.values()), drivers)
+    held, hold_errors = devicepicture.holds(index.values(), drivers, pools=seen.pools)
     every = {n for n in nodes if n} | set(seen.devices) | {p.node for p in asks.pinned}
     verdicts: dict[str, whynot.Verdict] = {}
     for node in sorted(every):
