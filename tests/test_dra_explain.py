@@ -556,3 +556,14 @@ def test_a_pool_not_named_after_its_node() -> None:
         {"claim": "claim p-gpu0-x", "node": "n1", "devices": ["nvidia-0"]}
     ]
     assert answer["nodes"]["n1"] == "fits"
+
+
+def test_an_over_committed_device_reads_full() -> None:
+    pod = pending(["small"])
+    others = [held("a", "n1", "nvidia-0", "50000Mi", cores="120")]
+    answer = explain(pod, [claim_template("small", mem=100, cores=10)], [a_slice("n1", 1)], others)
+    assert answer["details"]["n1"] == [
+        "every one of the node's 1 hami devices is fully used",
+        "GPU-n1-0 has 0 MiB free, claim p-gpu0-x request 'gpu' asks 100 MiB; "
+        "GPU-n1-0 has 0% cores free, claim p-gpu0-x request 'gpu' asks 10%",
+    ]

@@ -126,10 +126,11 @@ def _short(want: Want, device: DeviceView, free: _Free, held: Held) -> str:
 
 
 def _free(device: DeviceView, held: Held) -> _Free:
+    # an over-committed device (a slice shrunk under its claims) is full, never negative
     return _Free(
-        slots=device.slots.total - held.use.slots,
-        memory=device.memory.total - held.use.memory,
-        cores=device.cores.total - held.use.cores,
+        slots=max(0, device.slots.total - held.use.slots),
+        memory=max(0, device.memory.total - held.use.memory),
+        cores=max(0, device.cores.total - held.use.cores),
         untouched=not held.claims,
     )
 
