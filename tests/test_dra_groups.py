@@ -18,7 +18,7 @@ from hami.dra.groups import container_requests, request_groups
 from hami.dra.plugin import DRAService
 from hami.dra.prepare import NAME_MAX, prepare_claim
 from hami.kube.raw import KubeError
-from hami.node.allocate import check_entry
+from hami.node.allocate import AllocateError, check_entry
 
 NODE = "node-a"
 DEVICES = [
@@ -74,9 +74,15 @@ def pod(*containers: list[dict[str, Any]], claim_name: str = "c1") -> dict[str, 
 def prepared(body: dict[str, Any], pods: list[dict[str, Any]]) -> Any:
     backend = FakeBackend(BackendSettings(split_count=4))
     alloc = claim_allocation(
-        body, uid="uid-1", node=NODE, backend=backend, node_devices=DEVICES, check=check_entry
+        body,
+        uid="uid-1",
+        node=NODE,
+        backend=backend,
+        node_devices=DEVICES,
+        check=check_entry,
+        pods=pods,
     )
-    return prepare_claim(alloc, backend, DEVICES, pods)
+    return prepare_claim(alloc, backend, DEVICES)
 
 
 def kubelet_ids(devices: list[dict[str, Any]], request: str) -> list[str]:
@@ -354,3 +360,23 @@ async def test_a_checkpoint_of_the_previous_version_still_serves_and_unprepares(
     await svc.unprepare("uid-old")
     assert not spec_file.exists()
     assert json.loads(path.read_text())["claims"] == {}
+
+
+def test_two_requests_on_one_device_in_two_containers() -> None:
+    """kube-scheduler may put two requests of one claim on one shared device: fine when
+    different containers use them (a region and a limit each, as two containers of an
+    extender-mode pod), refused when one container would get the device twice."""
+    same = [result("a", "nvidia-0", "1000Mi", "10", 1), result("b", "nvidia-0", "2000Mi", "20", 2)]
+    split = pod([{"name": "gpus", "request": "a"}], [{"name": "gpus", "request": "b"}])
+    p = prepared(claim(same), [split])
+    a, b = cdi.spec_env(p.spec, "uid-1-a"), cdi.spec_env(p.spec, "uid-1-b")
+    assert (a["NVIDIA_VISIBLE_DEVICES"], a["CUDA_DEVICE_MEMORY_LIMIT_0"]) == ("GPU-a-0", "1000m")
+    assert (b["NVIDIA_VISIBLE_DEVICES"], b["CUDA_DEVICE_MEMORY_LIMIT_0"]) == ("GPU-a-0", "2000m")
+    together = pod(
+        [{"name": "gpus", "request": "a"}, {"name": "gpus", "request": "b"}],
+        [{"name": "gpus", "request": "c"}],
+    )
+    with pytest.raises(AllocateError, match="requests a\\+b: device GPU-a-0 is listed twice"):
+        prepared(claim([*same, THREE[2]]), [together])
+    with pytest.raises(AllocateError, match="c1: device GPU-a-0 is listed twice"):
+        prepared(claim(same), [])  # no container known: one group, as before

@@ -205,3 +205,41 @@ async def test_three_requests_two_containers_and_the_monitor(cluster: LocalClust
     )
     await poll(lambda: not monitor.snapshot.containers, 10, "no series left")
     assert "hami_vgpu_memory_used_bytes{" not in agent.metrics.render().decode()
+
+
+async def test_two_containers_share_one_device_with_a_limit_each(cluster: LocalCluster) -> None:
+    """Two requests of one claim on the same device (``matchAttribute`` on the uuid), one per
+    container: what two containers of an extender-mode pod get, a limit and a region each."""
+    ns = cluster.namespace
+    body = template()
+    spec = body["spec"]["spec"]["devices"]
+    spec["requests"] = [r for r in spec["requests"] if r["name"] in ("a", "b")]
+    spec["constraints"] = [{"requests": ["a", "b"], "matchAttribute": f"{DRIVER}/uuid"}]
+    body["metadata"]["name"] = "one-device"
+    await cluster.kube.create(templates_path(ns), body)
+    manifest = pod()
+    manifest["metadata"]["name"] = "halves"
+    manifest["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = "one-device"
+    manifest["spec"]["containers"] = [
+        {"name": n, "image": "busybox", "resources": {"claims": [{"name": "gpus", "request": n}]}}
+        for n in ("a", "b")
+    ]
+    await cluster.create_pod(manifest)
+    running = await cluster.wait_pod("halves", timeout=60)
+    assert phase_of(running) == "Running", running.get("status")
+    (status,) = running["status"]["resourceClaimStatuses"]
+    claim = await cluster.kube.request("GET", claim_path(ns, status["resourceClaimName"]))
+    results = claim["status"]["allocation"]["devices"]["results"]
+    assert len({r["device"] for r in results}) == 1  # both requests on one device
+    uuid = cluster.nodes[NODE].uuids[int(results[0]["device"].rsplit("-", 1)[1])]
+    envs = (await cluster.admission(running)).envs
+    for name, (mem, cores) in (("a", ASKED["a"]), ("b", ASKED["b"])):
+        env = envs[name]
+        assert env["NVIDIA_VISIBLE_DEVICES"] == uuid
+        assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{mem}m"
+        assert env["CUDA_DEVICE_SM_LIMIT"] == str(cores)
+        assert "CUDA_DEVICE_MEMORY_LIMIT_1" not in env
+    assert (
+        envs["a"]["CUDA_DEVICE_MEMORY_SHARED_CACHE"] != envs["b"]["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
+    )
+    await cluster.delete_pods()

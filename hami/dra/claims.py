@@ -11,6 +11,11 @@ claim, allowed by kube-apiserver only in namespaces labelled
 devices already in use and does not count what it records as consumed. Such a result is
 read for its device only; a claim mixing it with ordinary results of this driver is
 refused, since one CDI device cannot give one device HAMi-core limits and another none.
+
+The results are split into groups of requests that the claim's containers use together
+(hami.dra.groups); the ``check_entry`` rule runs per group, as per container in the
+extender mode: two requests on one shared device are fine in different containers, but
+HAMi-core gives one container each device once.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Any
 from hami.backends.base import Backend, Device
 from hami.core.requests import parse_quantity
 from hami.dra import names
+from hami.dra.groups import base_request, container_requests, request_groups
 from hami.protocol import ContainerDevice
 
 MIB = 1 << 20
@@ -54,6 +60,8 @@ class ClaimAllocation:
     uid: str
     pod_uid: str  # the pod the claim is reserved for (its HAMi-core directory), else uid
     devices: tuple[ClaimDevice, ...]
+    # base request names, one tuple per CDI device (hami.dra.groups); () for one of all
+    groups: tuple[tuple[str, ...], ...] = ()
 
     @property
     def admin_access(self) -> bool:
@@ -111,8 +119,10 @@ def claim_allocation(
     backend: Backend,
     node_devices: Sequence[Device],
     check: EntryCheck,
+    pods: Sequence[Mapping[str, Any]] = (),
 ) -> ClaimAllocation:
-    """This driver's results of ``claim``, validated against this node's devices. Raises
+    """This driver's results of ``claim``, validated against this node's devices, in groups
+    by what the containers of ``pods`` (those it is reserved for) use together. Raises
     ClaimError (or the check's own error) naming the claim."""
     where = _ref(claim)
     meta = claim.get("metadata") or {}
@@ -186,11 +196,18 @@ def claim_allocation(
             "ones; one claim gets either HAMi-core limits or none: put the admin-access "
             "requests in a claim of their own"
         )
-    check([d.slice for d in out], backend, node_devices, where)
+    name = str(meta.get("name", ""))
+    requests = [base_request(d.request) for d in out]
+    used = [s for pod in pods for s in container_requests(pod, name, requests)]
+    groups = request_groups(requests, used)
+    for group in groups:
+        at = where if len(groups) == 1 else f"{where} requests {'+'.join(group)}"
+        check([d.slice for d in out if base_request(d.request) in group], backend, node_devices, at)
     return ClaimAllocation(
         namespace=str(meta.get("namespace", "")),
-        name=str(meta.get("name", "")),
+        name=name,
         uid=uid,
         pod_uid=_pod_uid(claim, uid),
         devices=tuple(out),
+        groups=tuple(groups),
     )

@@ -148,8 +148,9 @@ class DRAService(dra_grpc.DRAPluginBase):
                 backend=self.backend,
                 node_devices=node_devices,
                 check=self.check,
+                pods=pods,
             )
-            prepared = prepare_claim(allocation, self.backend, node_devices, pods)
+            prepared = prepare_claim(allocation, self.backend, node_devices)
             await asyncio.to_thread(_make_dirs, prepared.host_dirs)
             await asyncio.to_thread(cdi.write_spec, self.cdi_dir, self.driver, uid, prepared.spec)
             entry = {

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hami.backends.base import AllocationRequest, Backend, ContainerAllocation, Device
 from hami.dra import cdi, names
 from hami.dra.claims import ClaimAllocation
-from hami.dra.groups import base_request, container_requests, request_groups
+from hami.dra.groups import base_request
 
 JSON = dict[str, Any]
 NAME_MAX = 255  # bytes in one directory name (Linux)
@@ -55,20 +55,15 @@ def group_names(claim: ClaimAllocation, requests: Sequence[str], whole: bool) ->
     return cdi_name, container
 
 
-def prepare_claim(
-    claim: ClaimAllocation,
-    backend: Backend,
-    node_devices: list[Device],
-    pods: Sequence[Mapping[str, Any]] = (),
-) -> Prepared:
+def prepare_claim(claim: ClaimAllocation, backend: Backend, node_devices: list[Device]) -> Prepared:
     """The backend's Allocate answer for each group of the claim's requests (hami.dra.groups:
-    the requests ``pods``' containers use together) as one CDI device: the env and mounts
-    the extender path gives a container with those slices, and a HAMi-core directory of its
+    the requests its containers use together) as one CDI device: the env and mounts the
+    extender path gives a container with those slices, and a HAMi-core directory of its
     own. An admin-access claim gets the backend's ``admin_allocation`` instead: the devices
     visible, no HAMi-core limits, no directory (docs/dra.md "Admin access")."""
-    requests = [base_request(d.request) for d in claim.devices]
-    used = [s for pod in pods for s in container_requests(pod, claim.name, requests)]
-    split = request_groups(requests, used)
+    split = list(claim.groups) or [
+        tuple(dict.fromkeys(base_request(d.request) for d in claim.devices))
+    ]
     driver = names.driver_name(backend.type_word)
     groups: list[Group] = []
     for members in split:
