@@ -15,7 +15,7 @@ from hami.dra import cdi
 from hami.dra.checkpoint import Checkpoint
 from hami.dra.claims import claim_allocation
 from hami.dra.groups import container_requests, request_groups
-from hami.dra.plugin import DRAService
+from hami.dra.plugin import DRAService, _device_message
 from hami.dra.prepare import NAME_MAX, prepare_claim
 from hami.kube.raw import KubeError
 from hami.node.allocate import AllocateError, check_entry
@@ -380,3 +380,15 @@ def test_two_requests_on_one_device_in_two_containers() -> None:
         prepared(claim([*same, THREE[2]]), [together])
     with pytest.raises(AllocateError, match="c1: device GPU-a-0 is listed twice"):
         prepared(claim(same), [])  # no container known: one group, as before
+
+
+def test_a_first_available_result_is_answered_by_its_main_request() -> None:
+    """kubelet matches a container's ``request`` exactly against the answer's names, and a
+    container names the main request ``gpu``, never the subrequest ``gpu/a100``."""
+    body = claim([result("gpu/a100", "nvidia-0", "1000Mi", "10", 1)])
+    p = prepared(body, [pod([{"name": "gpus", "request": "gpu"}])])
+    assert p.devices[0]["requestNames"] == ["gpu"]
+    assert kubelet_ids(p.devices, "gpu") == ["nvidia.hami.io/claim=uid-1"]
+    # a checkpoint entry of a version that answered the subrequest is sent as the main one
+    old = {"requestNames": ["gpu/a100"], "poolName": NODE, "deviceName": "nvidia-0"}
+    assert list(_device_message(old).request_names) == ["gpu"]

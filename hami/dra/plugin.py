@@ -33,6 +33,7 @@ from hami.backends.base import Backend, Device
 from hami.dra import cdi, names
 from hami.dra.checkpoint import Checkpoint
 from hami.dra.claims import EntryCheck, claim_allocation
+from hami.dra.groups import base_request
 from hami.dra.metrics import DRAMetrics
 from hami.dra.prepare import prepare_claim
 from hami.kube.raw import KubeError
@@ -52,7 +53,8 @@ class ClaimKube(Protocol):
 
 def _device_message(entry: JSON) -> dra_pb2.Device:
     device = dra_pb2.Device(
-        request_names=list(entry.get("requestNames") or []),
+        # base names also for checkpoints of versions that answered "gpu/a100"
+        request_names=[base_request(str(r)) for r in entry.get("requestNames") or []],
         pool_name=str(entry.get("poolName", "")),
         device_name=str(entry.get("deviceName", "")),
         cdi_device_ids=list(entry.get("cdiDeviceIds") or []),

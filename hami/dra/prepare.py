@@ -88,14 +88,17 @@ def prepare_claim(claim: ClaimAllocation, backend: Backend, node_devices: list[D
         # the first device of each request names its group's CDI device: a container naming
         # the request gets it once per request it names (kubelet does not deduplicate ids;
         # the same device twice applies the same edits twice)
-        cdi_id = names.cdi_device_id(driver, by_request[base_request(d.request)].cdi_name)
+        base = base_request(d.request)
+        cdi_id = names.cdi_device_id(driver, by_request[base].cdi_name)
         entry: JSON = {
-            "requestNames": [d.request],
+            # the request a container names: kubelet matches it exactly, so a firstAvailable
+            # result's "gpu/a100" is answered as "gpu" (as kubeletplugin's helper does)
+            "requestNames": [base],
             "poolName": d.pool,
             "deviceName": d.device,
-            "cdiDeviceIds": [] if d.request in seen else [cdi_id],
+            "cdiDeviceIds": [] if base in seen else [cdi_id],
         }
-        seen.add(d.request)
+        seen.add(base)
         if d.share_id:
             entry["shareId"] = d.share_id
         devices.append(entry)

@@ -343,10 +343,9 @@ class DRAClient:
             return [
                 d
                 for d in prepared.devices
-                if request is None
-                or not d.request_names  # kubelet: a device naming no request serves them all
-                or request in d.request_names
-                or any(r.split("/")[0] == request for r in d.request_names)
+                # kubelet's cdiDevicesAsList: an exact match (drivers answer a
+                # firstAvailable result by its main request); no names: every request
+                if request is None or not d.request_names or request in d.request_names
             ]
 
         for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
