@@ -2,10 +2,12 @@
 directories of pods gone from the node, apply the priority feedback. Blocking file I/O:
 run in a worker thread.
 
-Directory names are ``{pod uid}_{container}`` (hami.backends.hamicore). Nothing under a
-containers directory is trusted: entries are opened relative to the directory's descriptor
-without following symlinks, and removal uses ``shutil.rmtree`` with ``dir_fd`` (which does
-not follow symlinks either).
+Directory names are ``{pod uid}_{container}`` (hami.backends.hamicore); a DRA claim's are
+``{pod uid}_claim-{claim}`` or ``{pod uid}_claim-{claim}_{a}+{b}`` per group of requests
+(hami.dra.prepare), read the same way: what follows the first ``_`` is the series'
+``container`` label. Nothing under a containers directory is trusted: entries are opened
+relative to the directory's descriptor without following symlinks, and removal uses
+``shutil.rmtree`` with ``dir_fd`` (which does not follow symlinks either).
 """
 
 from __future__ import annotations
