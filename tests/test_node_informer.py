@@ -410,3 +410,87 @@ async def test_an_allocation_write_whose_answer_was_lost_is_not_failed(
     pod = await read_annotations(rig.kube, f"{pods_path(namespace)}/{name}")
     assert pod[TO_ALLOC] == ";" and pod[keys.BIND_PHASE] == "success"
     assert keys.NODE_LOCK not in await read_annotations(rig.kube, node_path(rig.node))
+
+
+class ReleaseFirstKube(CountingKube):
+    """Holds every pod write until a Node write has been sent: a release that waited for
+    the pod write's answer would never come."""
+
+    def __init__(self, api: Any, retry: RetryPolicy, calls: Counter[str]) -> None:
+        super().__init__(api, retry, calls)
+        self.node_written = asyncio.Event()
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> JSON:
+        if method == "PATCH" and path.startswith("/api/v1/nodes/"):
+            self.node_written.set()
+        return await super().request(method, path, **kwargs)
+
+    async def patch_pod_annotations(self, *args: Any, **kwargs: Any) -> JSON:
+        async with asyncio.timeout(5):
+            await self.node_written.wait()
+        return await super().patch_pod_annotations(*args, **kwargs)
+
+
+async def test_the_last_containers_lock_release_goes_out_with_its_pod_write(
+    rig: Rig, namespace: str
+) -> None:
+    gate = ReleaseFirstKube(rig.kube.api, rig.kube.retry, rig.calls)
+    rig.allocator.kube = gate
+    rig.cache.writer = gate
+    name = await bind(rig.kube, namespace, rig.node, gpus(rig.node, 1))
+    await rig.seen(namespace, name)
+
+    plan = await rig.allocate()
+
+    assert plan.done and rig.allocator.served == {"cache": 1, "api": 0}
+    assert rig.calls == Counter({"PATCH pod": 1, "PATCH node": 1}), rig.calls
+    pod = await read_annotations(rig.kube, f"{pods_path(namespace)}/{name}")
+    assert pod[TO_ALLOC] == ";" and pod[keys.BIND_PHASE] == "success"
+    assert keys.NODE_LOCK not in await read_annotations(rig.kube, node_path(rig.node))
+
+
+async def test_a_failed_last_write_serves_the_released_locks_pod_not_the_next(
+    rig: Rig, namespace: str
+) -> None:
+    """The release went out with the pod write and the write failed: meanwhile the node may
+    be locked for the next pod, bound and waiting too. This call is the released lock's
+    pod's (no other pod could be bound while its lock held), so that pod is read again and
+    served; reading the Node's lock, as the API path does, would hand it the next pod's
+    devices."""
+    name = await bind(rig.kube, namespace, rig.node, gpus(rig.node, 0))
+    await rig.seen(namespace, name)
+    await rig.freeze()
+    changed = encode_pod_devices(gpus(rig.node, 1))  # the cached write will be refused
+    await rig.kube.patch_pod_annotations(namespace, name, {TO_ALLOC: changed, ALLOCATED: changed})
+    following = await bind(rig.kube, namespace, rig.node, gpus(rig.node, 0))  # locks for it
+
+    plan = await rig.allocate()
+
+    assert plan.pod == f"{namespace}/{name}" and plan.done
+    assert [d.uuid for d in plan.containers[0].devices] == [f"GPU-{rig.node}-1"]
+    pod = await read_annotations(rig.kube, f"{pods_path(namespace)}/{name}")
+    assert pod[TO_ALLOC] == ";" and pod[keys.BIND_PHASE] == "success"
+    other = await read_annotations(rig.kube, f"{pods_path(namespace)}/{following}")
+    assert other[TO_ALLOC] == encode_pod_devices(gpus(rig.node, 0))
+    assert other[keys.BIND_PHASE] == "allocating"
+    lock = (await read_annotations(rig.kube, node_path(rig.node)))[keys.NODE_LOCK]
+    assert lock.endswith(f",{following}")  # the next pod's lock is left alone
+
+
+async def test_a_failed_last_write_of_a_pod_that_no_longer_waits_reads_the_api(
+    rig: Rig, namespace: str
+) -> None:
+    """After the early release, a lock pod that stopped waiting (marked failed by a lock
+    takeover) cannot be the one kubelet starts: the API path decides, as before."""
+    name = await bind(rig.kube, namespace, rig.node, gpus(rig.node, 0))
+    await rig.seen(namespace, name)
+    await rig.freeze()
+    await rig.kube.patch_pod_annotations(namespace, name, {keys.BIND_PHASE: "failed"})
+    following = await bind(rig.kube, namespace, rig.node, gpus(rig.node, 1))
+
+    plan = await rig.allocate()
+
+    assert plan.pod == f"{namespace}/{following}" and plan.done
+    assert [d.uuid for d in plan.containers[0].devices] == [f"GPU-{rig.node}-1"]
+    stale = await read_annotations(rig.kube, f"{pods_path(namespace)}/{name}")
+    assert stale[keys.BIND_PHASE] == "failed"

@@ -533,9 +533,11 @@ class Allocator:
         node_devices: Sequence[Device],
     ) -> AllocationPlan | None:
         """Allocate for the pod the watches gave: one pod write guarded by the resourceVersion
-        the watch saw, and on the last container one lock release guarded by the lock value.
-        None (nothing written) when anything goes otherwise: the caller reads the API server
-        and decides as before, failing the pod only on what it read there."""
+        the watch saw, and on the last container one lock release guarded by the lock value,
+        sent together (the release does not wait for the pod write's answer). None (nothing
+        written) when anything goes otherwise before the writes: the caller reads the API
+        server and decides as before, failing the pod only on what it read there. After the
+        writes were sent, a pod write that did not land is settled by ``_allocate_named``."""
         ref = pod_ref(pod)
         meta = metadata_of(pod)
         try:
@@ -544,6 +546,12 @@ class Allocator:
         except Exception as exc:
             self.log.debug("cached_allocation_fell_back", pod=ref, error=str(exc))
             return None
+        if plan.done:
+            # kubelet need not wait for it: the pod's bind-phase is success from the pod
+            # write, so the lock already counts as stale (hami.kube.nodelock) if this is lost
+            self._releasing = asyncio.create_task(
+                self._release_cached(ref, lock_value), name=f"release-lock[{ref}]"
+            )
         answer: Any
         try:
             answer = await self.kube.patch_pod_annotations(
@@ -561,18 +569,44 @@ class Allocator:
                     else ("cached_allocation_fell_back")
                 )
                 self.log.debug(reason, pod=ref, error=str(exc))
+                if plan.done:
+                    return await self._allocate_named(meta, backend, requested, node_devices)
                 return None
             self.log.info("allocation write landed although its answer was lost", pod=ref)
             answer = landed
         self.served["cache"] += 1
         self._remember(answer)
-        if plan.done:
-            # kubelet need not wait for it: the pod's bind-phase is success from the write
-            # above, so the lock already counts as stale (hami.kube.nodelock) if this is lost
-            self._releasing = asyncio.create_task(
-                self._release_cached(ref, lock_value), name=f"release-lock[{ref}]"
-            )
         self._allocated(plan, backend, "watch")
+        return plan
+
+    async def _allocate_named(
+        self,
+        meta: Mapping[str, Any],
+        backend: Backend,
+        requested: Sequence[int],
+        node_devices: Sequence[Device],
+    ) -> AllocationPlan:
+        """The pod write of a last container failed after its lock release was sent: the
+        scheduler may already have locked the node for the next pod, which ``_find`` would
+        take for this call. So the pod the released lock named is read again and served if
+        it still waits here (this call is its: no other pod could be bound while its lock
+        held); only a pod that no longer waits (failed, gone) leaves it to ``_find``."""
+        await self.settle()  # the release, so _find reads the Node after it
+        namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        try:
+            pod: Pod = await self.kube.get_pod(namespace, name)
+        except NotFound:
+            return await self._allocate(backend, requested, node_devices)
+        except Exception as exc:
+            raise AllocateError(f"cannot read pod {namespace}/{name}: {exc}") from None
+        same = metadata_of(pod).get("uid") == meta.get("uid")
+        if not same or not is_candidate(pod, self.node, backend.to_allocate_key):
+            return await self._allocate(backend, requested, node_devices)
+        self.served["api"] += 1
+        plan = await self._write_plan(pod, backend, requested, node_devices)
+        if plan.done:
+            await self._release_lock(pod_ref(pod))  # ours if the early release missed it
+        self._allocated(plan, backend, "api")
         return plan
 
     async def _landed(self, meta: Mapping[str, Any], plan: AllocationPlan) -> Pod | None:
@@ -615,6 +649,17 @@ class Allocator:
                 f"no pending pod on node {self.node} with {keys.BIND_PHASE}=allocating and "
                 f"{backend.to_allocate_key} (was it scheduled by the HAMi scheduler?)"
             )
+        plan = await self._write_plan(pod, backend, requested, node_devices)
+        if plan.done:
+            await self._release_lock(pod_ref(pod), known=node)
+        self._allocated(plan, backend, "api")
+        return plan
+
+    async def _write_plan(
+        self, pod: Pod, backend: Backend, requested: Sequence[int], node_devices: Sequence[Device]
+    ) -> AllocationPlan:
+        """Plan the pod's next container from the API server's copy and write it back
+        (unguarded: the copy was just read); any failure fails the pod."""
         ref = pod_ref(pod)
         try:
             plan = await _plan(pod, backend, requested, node_devices)
@@ -635,9 +680,6 @@ class Allocator:
             await self._fail(pod, cause)
             raise AllocateError(cause, ref) from None
         self._remember(answer)
-        if plan.done:
-            await self._release_lock(ref, known=node)
-        self._allocated(plan, backend, "api")
         return plan
 
     def _remember(self, answer: Any) -> None:
