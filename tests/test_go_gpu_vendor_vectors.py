@@ -248,6 +248,19 @@ def test_metax_has_gos_keys_and_names() -> None:
     assert GO["keys"]["metax_allocated"] == "metax-tech.com/gpu-devices-allocated"
 
 
+def test_binds_lock_the_node_where_gos_lock_node_does() -> None:
+    """Go's ``LockNode`` takes ``hami.io/mutex.lock`` for Iluvatar, Kunlunxin ``XPU``
+    and ``Metax-SGPU`` (HAMi's node lock, released by their plug-ins) and does nothing for
+    Moore Threads, ``kunlun`` and ``Metax-GPU``, whose vendors' plug-ins release no lock
+    (pkg/device/{mthreads,kunlun,metax}/device.go at the vectors' commit)."""
+    locking = {word: KINDS[word].node_lock for word in (*ILUVATAR_CLASSES, *BACKENDS)}
+    assert {word for word, takes in locking.items() if not takes} == {
+        "mthreads",
+        "kunlun",
+        "Metax-GPU",
+    }
+
+
 @pytest.mark.parametrize(
     ("word", "vendor"),
     [

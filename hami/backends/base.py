@@ -144,6 +144,9 @@ class Backend(abc.ABC):
     cores_per_container: bool = False
     # The same for the memory resource (DeviceKind.memory_per_container: Moore Threads).
     memory_per_container: bool = False
+    # Whether binding a pod of this type takes the node lock (DeviceKind.node_lock): False
+    # where Go HAMi's LockNode for the type does nothing and the node's plug-in releases none.
+    node_lock: bool = True
 
     def __init__(self, settings: BackendSettings | None = None) -> None:
         self.settings = settings or BackendSettings()

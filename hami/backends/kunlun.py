@@ -143,6 +143,7 @@ class KunlunBackend(SchedulerSideBackend):
     to_allocate_key = "hami.io/kunlun-devices-to-allocate"  # Go writes none for the type
     default_cores = WHOLE
     known_options = frozenset()
+    node_lock = False  # Go's LockNode does nothing; the vendor's plug-in releases no lock
 
     def __init__(self, settings: BackendSettings | None = None) -> None:
         super().__init__(settings)

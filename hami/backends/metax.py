@@ -257,6 +257,7 @@ class MetaxGpuBackend(_MetaxBackend):
     default_resources = GPU_RESOURCES
     allocated_key = "hami.io/metax-gpu-devices-allocated"
     to_allocate_key = "hami.io/metax-gpu-devices-to-allocate"
+    node_lock = False  # Go's LockNode does nothing; MetaX's plug-in releases no lock
 
     def devices_from_node(self, node: Mapping[str, Any]) -> list[NodeDevice] | None:
         return gpus_from_capacity(node)

@@ -135,6 +135,7 @@ class MthreadsBackend(SchedulerSideBackend):
     known_options = frozenset()
     cores_per_container = True
     memory_per_container = True
+    node_lock = False  # Go's LockNode does nothing; the vendor's plug-in releases no lock
 
     def __init__(self, settings: BackendSettings | None = None) -> None:
         super().__init__(settings)

@@ -164,6 +164,11 @@ class DeviceKind:
     # How the memory resource is read (``MemoryReader``: its unit decides the scale, and the
     # webhook never rewrites it); None: whole ``memory_unit_mib`` units.
     memory_reader: MemoryReader | None = None
+    # Whether a bind of a pod holding devices of this kind takes ``hami.io/mutex.lock``
+    # (protocol.md section 5). False where Go HAMi's ``LockNode`` for the type does nothing
+    # (Moore Threads, Kunlunxin ``kunlun``, ``Metax-GPU``): the vendor's plug-in never
+    # releases the lock, so every later bind on the node would wait for it to go stale.
+    node_lock: bool = True
 
     def heartbeat_keys(self) -> tuple[str, ...]:
         return self.handshake_keys or keys.handshake_keys(self.type_word)
@@ -227,6 +232,7 @@ class DeviceKind:
             memory_per_container=bool(getattr(backend, "memory_per_container", False)),
             container_env=getattr(backend, "env_writer", None),
             memory_reader=getattr(backend, "read_memory", None),
+            node_lock=bool(getattr(backend, "node_lock", True)),
         )
 
 

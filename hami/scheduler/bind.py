@@ -4,7 +4,8 @@ One pod's way, after filter reserved its devices in memory (``hami.scheduler.ser
 
 1. wait its turn on the node (``BindQueue``: one bind per node works at a time);
 2. take the node's ``hami.io/mutex.lock`` (a conditional write; a live holder is waited
-   for, a stale one taken over: ``hami.scheduler.locks``);
+   for, a stale one taken over: ``hami.scheduler.locks``), unless every device type the
+   pod holds is one Go HAMi binds without it (``DeviceKind.node_lock``);
 3. write the decision, ``bind-time`` and ``bind-phase: allocating`` in one pod write,
    guarded by the resourceVersion filter saw;
 4. wait until this replica's pod watch shows that write: watch events come in
@@ -231,7 +232,8 @@ class Binder:
             # then waits for the node agent to release the lock after Allocate).
             async with self.queue.turn(node, wait):
                 try:
-                    await self._take_lock(node, namespace, name, record, deadline)
+                    if self._needs_lock(record):
+                        await self._take_lock(node, namespace, name, record, deadline)
                     self._fence(Step.DECISION, key, record, deadline)
                     answer = await self._write_decision(namespace, name, uid, record)
                     written = str(metadata_of(answer).get("resourceVersion") or "") or None
@@ -528,6 +530,13 @@ class Binder:
             self.cluster.release(key)
 
     # ------------------------------------------------------------------ the node lock
+
+    def _needs_lock(self, record: PodRecord) -> bool:
+        """Whether the pod's bind takes the node lock: unless every device type it holds is
+        one whose node plug-in never releases the lock (``DeviceKind.node_lock``)."""
+        words = set(record.types.values()) | set(record.assignment)
+        kinds = self.cluster.kinds
+        return not words or any(w not in kinds or kinds[w].node_lock for w in words)
 
     async def _take_lock(
         self, node: str, namespace: str, name: str, record: PodRecord, deadline: float
