@@ -188,7 +188,7 @@ def test_a_bad_allowlist_is_a_config_error(
     assert message in str(caught.value)
 
 
-@pytest.mark.parametrize(("mode", "message"), [("mps", "mps is not supported yet"), ("x", "'x'")])
+@pytest.mark.parametrize(("mode", "message"), [("x", "'x'"), ("MIG", "one of hami-core, mig, mps")])
 def test_an_unknown_operating_mode_is_a_config_error(
     mode: str, message: str, tmp_path: Path
 ) -> None:

@@ -95,10 +95,10 @@ def mig_allocation(request: AllocationRequest, instances: MigInstances) -> Conta
     )
 
 
-def refuse_mig_reservation(request: AllocationRequest) -> None:
-    """On a node in ``hami-core`` mode: a container whose devices were reserved as MIG
-    instances is refused (HAMi-core cannot honour them). An unreadable value is not this
-    mode's concern."""
+def refuse_mig_reservation(request: AllocationRequest, mode: str = "hami-core") -> None:
+    """On a node in ``hami-core`` (or ``mps``) mode: a container whose devices were reserved
+    as MIG instances is refused (HAMi-core and MPS cannot honour them). An unreadable value
+    is not this mode's concern."""
     value = request.pod_annotations.get(MIG_ALLOCATIONS_KEY)
     if not value:
         return
@@ -109,7 +109,7 @@ def refuse_mig_reservation(request: AllocationRequest) -> None:
     if any(a.container_index == request.container_index for a in allocations):
         raise BackendError(
             f"the pod reserves MIG instances ({MIG_ALLOCATIONS_KEY}) but this node's nvidia "
-            "backend runs operating_mode: hami-core, which hands out HAMi-core shares only; "
+            f"backend runs operating_mode: {mode}, which makes no MIG instances; "
             "set operating_mode: mig on this node, or delete the pod to schedule it again"
         )
 

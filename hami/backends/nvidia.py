@@ -21,11 +21,13 @@ Options (``BackendSettings.options``):
     hamicore: {...}             # HAMi-core paths, see hami.backends.hamicore
     topology_score: true        # write hami.io/node-nvidia-score (link scores between
                                 # GPUs from NVML: NVLink, PCIe path) for topology-aware
-    operating_mode: hami-core   # or mig: GPUs in MIG mode served as MIG instances only
+    operating_mode: hami-core   # or mig: GPUs in MIG mode served as MIG instances only;
+                                # or mps: GPUs shared through NVIDIA MPS (hami.backends.mps)
     mig_profile_allowlist:      # (mig) the profiles GPUs in MIG mode register (Go's
       - models: [A100-SXM4-40GB]  # migProfileAllowlist; needs register_format: json)
         profiles: [1g.5gb, 2g.10gb, 3g.20gb, 7g.40gb]
     mig_state_file: <containers_dir's parent>/hami-mig-instances.json  # instances it made
+    mps: {pipe_dir: ..., log_dir: ..., shm_dir: ..., control: ..., daemon: start|attach}
 
 Topology: when the set of GPUs changes, the link score of every pair is read from NVML
 (the common PCIe ancestor, NVLinks direct or through NVSwitch) as Go HAMi's plugin scores
@@ -43,6 +45,11 @@ profile allows instances; Allocate makes the reserved instance (``mig_allocate``
 ``mig_instances``) and answers with its MIG UUID. A GPU not in MIG mode, or with no allowed
 profile, is not registered then; in ``hami-core`` mode a GPU in MIG mode is not registered
 (HAMi-core cannot share it). MIG mode itself is never changed here.
+
+MPS (docs/node.md "MPS"): with ``operating_mode: mps`` the GPUs register with mode ``mps``
+(JSON form), the agent runs or attaches to the MPS control daemon (a GPU is reported
+unhealthy while none answers), and Allocate answers with MPS's client limits instead of
+HAMi-core's (``hami.backends.mps``).
 """
 
 from __future__ import annotations
@@ -80,6 +87,7 @@ from hami.backends.hamicore import (
 from hami.backends.mig_allocate import active_pods, mig_allocation, refuse_mig_reservation
 from hami.backends.mig_instances import MigInstances
 from hami.backends.mig_ledger import MigLedger
+from hami.backends.mps import MpsDaemon, MpsSettings, mps_allocation
 from hami.backends.nvidia_names import (
     NVIDIA_ALLOCATED,
     NVIDIA_PRIORITY,
@@ -102,10 +110,12 @@ _OPTIONS = {
     "mig_profile_allowlist",
     "operating_mode",
     "mig_state_file",
+    "mps",
 }
 HAMI_CORE = "hami-core"
 MIG = "mig"
-OPERATING_MODES = (HAMI_CORE, MIG)
+MPS = "mps"
+OPERATING_MODES = (HAMI_CORE, MIG, MPS)
 
 
 class NvidiaBackend(Backend):
@@ -151,7 +161,16 @@ class NvidiaBackend(Backend):
                 "nvidia: operating_mode mig needs mig_profile_allowlist (the profiles the "
                 'GPUs in MIG mode offer; docs/node.md "MIG GPUs")'
             )
-        self.allocate_does_io = self.operating_mode == MIG
+        if self.operating_mode == MPS and self.settings.register_format != register.JSON:
+            raise BackendError(
+                "nvidia: operating_mode mps needs register_format: json (the register's "
+                "mode field, which keeps pods that ask for HAMi-core off MPS GPUs and sends "
+                "those that ask for MPS to them, travels only in the JSON form)"
+            )
+        mps_settings = MpsSettings.from_option(options.get("mps"))
+        self.mps = MpsDaemon(mps_settings) if self.operating_mode == MPS else None
+        # mig: NVML makes instances; mps: the daemon is asked whether it answers
+        self.allocate_does_io = self.operating_mode in (MIG, MPS)
         state_file = options.get(
             "mig_state_file",
             os.path.join(os.path.dirname(self.paths.containers_dir), "hami-mig-instances.json"),
@@ -198,6 +217,8 @@ class NvidiaBackend(Backend):
         for _, done in self._watchers:
             await asyncio.to_thread(done.wait, self.event_timeout_ms / 1000 + 5)
         self._watchers.clear()
+        if self.mps is not None:
+            await asyncio.to_thread(self.mps.stop)  # only a daemon this agent started
         await asyncio.to_thread(self._shutdown)
 
     def _shutdown(self) -> None:
@@ -226,7 +247,19 @@ class NvidiaBackend(Backend):
         devices.sort(key=lambda d: d.index)
         if self.topology_score:
             self._score_topology(nvml, devices)
+        if self.mps is not None and devices and self.mps.ensure() is not None:
+            # without a daemon a container's CUDA runs without MPS, unlimited: nothing new
+            # goes to these GPUs until it answers (next enumeration)
+            devices = [dataclasses.replace(d, healthy=False) for d in devices]
         return devices
+
+    def to_node_devices(self, devices: Sequence[Device]) -> list[register.NodeDevice]:
+        """As every backend registers them; on an mps node with mode ``mps``, as Go HAMi's
+        plugin registers its operating mode."""
+        out = super().to_node_devices(devices)
+        if self.operating_mode != MPS:
+            return out
+        return [d if d.mig_profiles else dataclasses.replace(d, mode=MPS) for d in out]
 
     def _score_topology(self, nvml: Any, devices: Sequence[Device]) -> None:
         uuids = tuple(d.uuid for d in devices)
@@ -296,8 +329,9 @@ class NvidiaBackend(Backend):
         if in_mig_mode == (self.operating_mode == MIG):
             return False
         if in_mig_mode:
+            sharer = "MPS mode" if self.operating_mode == MPS else "HAMi-core"
             hint = (
-                "HAMi-core cannot share a GPU in MIG mode: set operating_mode: mig (with "
+                f"{sharer} cannot share a GPU in MIG mode: set operating_mode: mig (with "
                 f"mig_profile_allowlist) or disable MIG (nvidia-smi -i {index} -mig 0)"
             )
         else:
@@ -346,7 +380,19 @@ class NvidiaBackend(Backend):
     def allocate(self, request: AllocationRequest) -> ContainerAllocation:
         if self.operating_mode == MIG:
             return mig_allocation(request, self.mig)  # in a worker thread: allocate_does_io
-        refuse_mig_reservation(request)
+        refuse_mig_reservation(request, self.operating_mode)
+        if self.mps is not None:
+            problem = self.mps.check()  # in a worker thread: allocate_does_io
+            if problem is not None:
+                raise BackendError(
+                    f"this node shares its GPUs through MPS and {problem}; without the daemon "
+                    "the container would run without any limit, so it is refused (the agent "
+                    "checks, and with mps.daemon: start starts, the daemon at each "
+                    'enumeration; docs/node.md "MPS")'
+                )
+            return mps_allocation(
+                request, self.mps.settings, priority_resource=self.priority_resource
+            )
         return hamicore_allocation(request, self.paths, priority_resource=self.priority_resource)
 
     def admin_allocation(self, request: AllocationRequest) -> ContainerAllocation:
@@ -354,7 +400,7 @@ class NvidiaBackend(Backend):
         return hamicore_admin_allocation(request)
 
     def wants_pod_reconcile(self) -> bool:
-        """In mig mode always; in hami-core mode while instances made in mig mode remain."""
+        """In mig mode always; in the other modes while instances made in mig mode remain."""
         return self.operating_mode == MIG or len(self.mig.ledger) > 0
 
     async def reconcile_pods(self, pods: Sequence[Mapping[str, Any]]) -> None:
@@ -363,15 +409,16 @@ class NvidiaBackend(Backend):
             return
         kept = await asyncio.to_thread(self.mig.reconcile, active_pods(pods))
         held = len(self.mig.ledger)
-        if self.operating_mode == HAMI_CORE and held:
+        if self.operating_mode != MIG and held:
             log.warning(
                 "nvidia.mig_instances_remain",
                 instances=held,
-                hint="operating_mode is hami-core: the MIG instances made for pods still on "
-                "this node are removed when those pods go; disable MIG only after that",
+                hint=f"operating_mode is {self.operating_mode}: the MIG instances made for "
+                "pods still on this node are removed when those pods go; disable MIG only "
+                "after that",
                 kept=kept,
             )
-        elif self.operating_mode == HAMI_CORE and self._mig_held:
+        elif self.operating_mode != MIG and self._mig_held:
             log.info(
                 "nvidia.mig_instances_cleared",
                 hint="no MIG instance made by this agent is left: MIG mode can be disabled "
@@ -428,10 +475,9 @@ class NvidiaBackend(Backend):
 
 def _operating_mode(value: Any) -> str:
     if value not in OPERATING_MODES:
-        more = " (mps is not supported yet)" if value == "mps" else ""
         raise BackendError(
-            f"nvidia: option 'operating_mode' must be one of {', '.join(OPERATING_MODES)}, "
-            f"got {value!r}{more}"
+            f"nvidia: option 'operating_mode' must be one of {', '.join(OPERATING_MODES)} "
+            f"(HAMi-core shares, MIG instances, MPS clients), got {value!r}"
         )
     return str(value)
 
