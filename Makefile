@@ -48,9 +48,11 @@ demo: install controlplane
 	$(BIN)/hami demo
 
 # Every benchmark with its defaults, one after the other (figures: docs/performance.md).
-# About 14 minutes in all on a shared 2-core VM (bench_e2e ~12 with its DRA parts, the
-# others 20-40 s each); each script's --help shows its options; bench_e2e.py --quick is a
-# shorter run. Modules without a __main__ (bench_dra.py) are parts of another one.
+# The defaults include 65,000-node sizes (skipped with a printed reason where memory is
+# short), so this takes well over an hour on a shared 2-core VM: bench_e2e's throughput
+# part alone creates 65,000 Node objects at 20-45 a second there. Each script's --help
+# shows its options (--nodes picks sizes); bench_e2e.py --quick is a shorter run. Modules
+# without a __main__ (bench_dra.py, _*.py) are parts of another one.
 bench: install controlplane
 	@for b in bench/bench_*.py; do grep -q __main__ $$b || continue; \
 		echo "== $$b"; $(BIN)/python $$b || exit 1; done
