@@ -4,6 +4,7 @@ get wrong."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -87,6 +88,31 @@ def test_a_steady_workload_keeps_its_weights_and_a_new_one_replaces_them() -> No
     # the weights in use are within the tolerance of the window's pure new mix
     assert defrag.moved(window.weights, [(shape(cores=30), 1.0)]) < defrag.REWEIGH_TOLERANCE
     assert defrag.moved(window.weights, window.weights) == 0.0
+
+
+def test_a_varied_workload_takes_a_new_set_at_most_once_per_window() -> None:
+    """Hundreds of shapes for 48 weights: sampling alone moves the weights past the
+    tolerance at most checks; once the window is full such a move is taken at most once
+    per window's length of pods, while a real change of workload is taken at once."""
+    import random
+
+    rng = random.Random(3)
+    window = defrag.ShapeWindow(window=400, max_shapes=8)
+    mix = [shape(cores=c, cpu=cpu) for c in (10, 20, 30, 40, 50) for cpu in range(1000, 9000, 500)]
+    for _ in range(800):
+        window.observe(rng.choice(mix))
+    bumps = []
+    for i in range(4000):
+        before = window.generation
+        window.observe(rng.choice(mix))
+        if window.generation != before:
+            bumps.append(i)
+    assert all(b - a >= 400 for a, b in itertools.pairwise(bumps))
+    assert len(bumps) <= 4000 // 400
+    settled = window.generation
+    for _ in range(300):  # a new workload of whole devices: taken before a window passes
+        window.observe(shape(count=2, cores=100))
+    assert window.generation > settled
 
 
 keys = st.tuples(

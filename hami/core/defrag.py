@@ -44,6 +44,10 @@ REWEIGH_EVERY = 500
 # valid (a new set makes every node's answer be worked out again). Two windows of one
 # steady workload differ by 0.03-0.08 from sampling alone (openb trace).
 REWEIGH_TOLERANCE = 0.1
+# A workload of many distinct pods (hundreds of shapes for 48 weights) moves that far
+# from sampling alone; once the window is full, a move below this is taken at most once
+# per window's length of pods, a larger one (the workload changed) at once.
+SHIFT_TOLERANCE = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +146,9 @@ class ShapeWindow:
         self._counts: Counter[Shape] = Counter()
         self._max_shapes = max_shapes
         self._since = 0
+        self._observed = 0  # shapes observed in all
+        self._applied_at = 0  # ... when the weights in use were set
+        self._basis: tuple[tuple[Shape, float], ...] = ()  # the whole demand then
         self.generation = 0
         self.weights: tuple[tuple[Shape, float], ...] = ()
         self.cpu_steps: list[int] = []
@@ -158,6 +165,7 @@ class ShapeWindow:
         self._recent.append(shape)
         self._counts[shape] += 1
         self._since += 1
+        self._observed += 1
         # early on the workload is still being learnt: reweigh often, then rarely (each
         # reweigh invalidates every cached node state)
         if not self.weights or self._since >= min(REWEIGH_EVERY, max(8, len(self._recent) // 4)):
@@ -170,8 +178,22 @@ class ShapeWindow:
         top = top[: self._max_shapes]
         total = sum(d for _, d in top) or 1
         weights = tuple((s, d / total) for s, d in top)
-        if self.weights and moved(self.weights, weights) < REWEIGH_TOLERANCE:
-            return  # the same workload: every cached node state stays valid
+        # the move is measured on the whole recent demand, not on the top shapes only:
+        # with hundreds of shapes which ones make the cut is itself sampling noise
+        everything = sum(demand.values()) or 1
+        basis = tuple((s, d / everything) for s, d in demand.items())
+        if self.weights:
+            distance = moved(self._basis, basis)
+            if distance < REWEIGH_TOLERANCE:
+                return  # the same workload: every cached node state stays valid
+            if (
+                distance < SHIFT_TOLERANCE
+                and len(self._recent) == self._recent.maxlen
+                and self._observed - self._applied_at < len(self._recent)
+            ):
+                return  # a varied workload's noise: at most one new set per window
+        self._applied_at = self._observed
+        self._basis = basis
         self.weights = weights
         cores = sum(n * s.count * s.cores for s, n in self._counts.items()) or 1
         self.cpu_per_core = sum(n * s.cpu_milli for s, n in self._counts.items()) / cores
