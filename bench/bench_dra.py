@@ -52,7 +52,7 @@ DRA_NAME = "bench-dra"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 # memory per 1,000 nodes (_memory.room_for): Nodes and ResourceSlices in kube-apiserver and
 # etcd, and kube-scheduler's copies of both
-MIB_PER_1000_NODES = 120
+MIB_PER_1000_NODES = 200
 
 
 def slice_body(node: str, run: str) -> dict[str, Any]:
