@@ -277,6 +277,22 @@ def test_a_node_agent_cannot_serve_them(word: str, vendor: str) -> None:
         asyncio.run(BACKENDS[word].enumerate())
 
 
+@pytest.mark.parametrize(
+    "word", ["BI-V150", "mthreads", "kunlun", "XPU", "Metax-GPU", "Metax-SGPU"]
+)
+def test_their_resource_names_are_the_plug_ins(word: str) -> None:
+    """The request rules and pod values name what the vendor's plug-in advertises: a
+    configuration that renames them is refused, naming the type and the key to remove."""
+    from hami.backends.base import BackendSettings
+    from hami.protocol.resources import ResourceNames
+
+    renamed = BackendSettings(resources=ResourceNames("example.com/gpu"))
+    with pytest.raises(BackendError, match=f"{word}: the resource names are Go HAMi's"):
+        registry.create(word, renamed)
+    # Hygon's names are configurable in Go HAMi too
+    assert registry.create("dcu", renamed).resources.count == "example.com/gpu"
+
+
 # ------------------------------------------------------------------ node reading
 
 

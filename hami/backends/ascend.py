@@ -18,10 +18,6 @@ from typing import ClassVar
 
 from hami.backends.ascend_chips import CHIPS, Chip
 from hami.backends.ascend_rules import request_rule, runtime_info
-from hami.backends.base import (
-    BackendError,
-    BackendSettings,
-)
 from hami.backends.schedulerside import SchedulerSideBackend
 from hami.core.requests import NO_ANNOTATIONS, DeviceRequest
 from hami.protocol import ContainerDevice
@@ -46,16 +42,7 @@ class AscendBackend(SchedulerSideBackend):
         cls.allocated_key = f"hami.io/{word}-devices-allocated"
         cls.to_allocate_key = f"hami.io/{word}-devices-to-allocate"
 
-    def __init__(self, settings: BackendSettings | None = None) -> None:
-        super().__init__(settings)
-        if self.resources != self.chip.resources:
-            # The rules and the pod value name the chart's resources; other names would
-            # part from what the node's plug-in advertises and reads.
-            raise BackendError(
-                f"{self.type_word}: the resource names are Go HAMi's and the plug-in's "
-                f"({', '.join(self.chip.resources.all())}); remove backends."
-                f"{self.type_word}.resources"
-            )
+    fixed_resources = True
 
     @property
     def register_key(self) -> str:

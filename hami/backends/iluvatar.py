@@ -22,10 +22,6 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from hami.backends.base import (
-    BackendError,
-    BackendSettings,
-)
 from hami.backends.schedulerside import SchedulerSideBackend
 from hami.core.requests import DeviceRequest, RequestError
 from hami.protocol.resources import ResourceNames
@@ -78,14 +74,7 @@ class IluvatarBackend(SchedulerSideBackend):
         cls.allocated_key = f"hami.io/{cls.word}-devices-allocated"
         cls.to_allocate_key = f"hami.io/{cls.word}-devices-to-allocate"
 
-    def __init__(self, settings: BackendSettings | None = None) -> None:
-        super().__init__(settings)
-        if self.resources != self.default_resources:
-            raise BackendError(
-                f"{self.type_word}: the resource names are Go HAMi's and the plug-in's "
-                f"({', '.join(self.default_resources.all())}); remove backends."
-                f"{self.type_word}.resources"
-            )
+    fixed_resources = True
 
     @property
     def selector_keys(self) -> tuple[tuple[str, str], ...]:

@@ -31,8 +31,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hami.backends.base import (
-    BackendError,
-    BackendSettings,
     ResourceNames,
 )
 from hami.backends.capacity import advertised, node_name
@@ -145,13 +143,7 @@ class KunlunBackend(SchedulerSideBackend):
     known_options = frozenset()
     node_lock = False  # Go's LockNode does nothing; the vendor's plug-in releases no lock
 
-    def __init__(self, settings: BackendSettings | None = None) -> None:
-        super().__init__(settings)
-        if self.resources != self.default_resources:
-            raise BackendError(
-                f"{self.type_word}: the resource name is Go HAMi's and the plug-in's "
-                f"({self.default_resources.count}); remove backends.{self.type_word}.resources"
-            )
+    fixed_resources = True
 
     @property
     def selector_keys(self) -> tuple[tuple[str, str], ...]:
@@ -196,14 +188,7 @@ class XpuBackend(SchedulerSideBackend):
     default_cores = WHOLE
     known_options = frozenset()
 
-    def __init__(self, settings: BackendSettings | None = None) -> None:
-        super().__init__(settings)
-        if self.resources != self.default_resources:
-            raise BackendError(
-                f"{self.type_word}: the resource names are Go HAMi's and the plug-in's "
-                f"({', '.join(self.default_resources.all())}); remove backends."
-                f"{self.type_word}.resources"
-            )
+    fixed_resources = True
 
     @property
     def register_key(self) -> str:

@@ -34,8 +34,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from hami.backends.base import (
-    BackendError,
-    BackendSettings,
     ResourceNames,
 )
 from hami.backends.capacity import advertised, node_name
@@ -231,14 +229,7 @@ class _MetaxBackend(SchedulerSideBackend):
     known_options = frozenset()
     default_cores = WHOLE
 
-    def __init__(self, settings: BackendSettings | None = None) -> None:
-        super().__init__(settings)
-        if self.resources != self.default_resources:
-            raise BackendError(
-                f"{self.type_word}: the resource names are Go HAMi's and the plug-in's "
-                f"({', '.join(self.default_resources.all())}); remove backends."
-                f"{self.type_word}.resources"
-            )
+    fixed_resources = True
 
     @property
     def selector_keys(self) -> tuple[tuple[str, str], ...]:

@@ -20,8 +20,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hami.backends.base import (
-    BackendError,
-    BackendSettings,
     ResourceNames,
 )
 from hami.backends.capacity import advertised, capacity_of, node_name, whole_quantity
@@ -137,13 +135,7 @@ class MthreadsBackend(SchedulerSideBackend):
     memory_per_container = True
     node_lock = False  # Go's LockNode does nothing; the vendor's plug-in releases no lock
 
-    def __init__(self, settings: BackendSettings | None = None) -> None:
-        super().__init__(settings)
-        if self.resources != MTHREADS_RESOURCES:
-            raise BackendError(
-                "mthreads: the resource names are Go HAMi's and the plug-in's "
-                f"({', '.join(MTHREADS_RESOURCES.all())}); remove backends.mthreads.resources"
-            )
+    fixed_resources = True
 
     @property
     def selector_keys(self) -> tuple[tuple[str, str], ...]:

@@ -4,7 +4,14 @@ message that names the plug-in to run instead."""
 
 from __future__ import annotations
 
-from hami.backends.base import AllocationRequest, Backend, BackendError, ContainerAllocation, Device
+from hami.backends.base import (
+    AllocationRequest,
+    Backend,
+    BackendError,
+    BackendSettings,
+    ContainerAllocation,
+    Device,
+)
 
 
 class SchedulerSideBackend(Backend):
@@ -14,6 +21,18 @@ class SchedulerSideBackend(Backend):
     vendor: str  # "Huawei Ascend"
     node_plugin: str  # "HAMi's ascend-device-plugin"
     plugin_does: str  # "writes hami.io/node-register-Ascend910B3"
+    # The request rules and the pod value name the resources the vendor's plug-in
+    # advertises and reads: where set, other names in the configuration are refused.
+    fixed_resources = False
+
+    def __init__(self, settings: BackendSettings | None = None) -> None:
+        super().__init__(settings)
+        if self.fixed_resources and self.resources != self.default_resources:
+            raise BackendError(
+                f"{self.type_word}: the resource names are Go HAMi's and the plug-in's "
+                f"({', '.join(self.default_resources.all())}); remove backends."
+                f"{self.type_word}.resources"
+            )
 
     def no_node_side(self) -> BackendError:
         return BackendError(
