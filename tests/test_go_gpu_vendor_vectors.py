@@ -278,7 +278,7 @@ def test_a_node_agent_cannot_serve_them(word: str, vendor: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "word", ["BI-V150", "mthreads", "kunlun", "XPU", "Metax-GPU", "Metax-SGPU"]
+    "word", ["BI-V150", "mthreads", "kunlun", "XPU", "Metax-GPU", "Metax-SGPU", "Ascend910B3"]
 )
 def test_their_resource_names_are_the_plug_ins(word: str) -> None:
     """The request rules and pod values name what the vendor's plug-in advertises: a
