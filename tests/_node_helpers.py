@@ -19,7 +19,7 @@ import yaml
 from grpclib.server import Server, Stream
 
 from hami._proto.v1beta1 import api_grpc, api_pb2
-from hami.backends.base import BackendSettings
+from hami.backends.base import Backend, BackendSettings
 from hami.backends.fake import FakeBackend
 from hami.config import Config
 from hami.kube.client import node_path, pod_path
@@ -212,14 +212,20 @@ def short_tmp_dir() -> Iterator[Path]:
 
 @contextlib.asynccontextmanager
 async def running_agent(
-    short_dir: Path, kube: Any, backend: FakeBackend, cfg: Config | None = None
+    short_dir: Path,
+    kube: Any,
+    backend: Backend,
+    cfg: Config | None = None,
+    *,
+    name: str = "fake",
 ) -> AsyncIterator[NodeAgent]:
-    """A node agent on ``kube`` (a ``MemoryKube`` or a real ``Kube``), ready."""
+    """A node agent on ``kube`` (a ``MemoryKube`` or a real ``Kube``) serving ``backend``
+    as backend ``name``, ready (the backend stays the caller's to close)."""
     agent = NodeAgent(
         cfg or Config(),
         node_name=NODE,
         kube=kube,
-        backends={"fake": backend},
+        backends={name: backend},
         register_period=0.2,
         device_plugin_dir=str(short_dir),
         http_port=0,

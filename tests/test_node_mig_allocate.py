@@ -6,15 +6,21 @@ instance removed), on the fake NVML."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _node_helpers import NODE, TO_ALLOC, MemoryKube, MiniKubelet, pod, short_tmp_dir
+from _node_helpers import (
+    NODE,
+    TO_ALLOC,
+    MemoryKube,
+    MiniKubelet,
+    pod,
+    running_agent,
+    short_tmp_dir,
+)
 from _nvml_helpers import FakeGpu, FakeNvml
 from grpclib.client import Channel
 from grpclib.exceptions import GRPCError
@@ -23,8 +29,6 @@ from hami import log
 from hami._proto.v1beta1 import api_grpc, api_pb2
 from hami.backends import BackendSettings
 from hami.backends.nvidia import NvidiaBackend
-from hami.config import Config
-from hami.node import NodeAgent
 from hami.protocol import decode_node_devices, keys
 from hami.protocol.mig import (
     MIG_ALLOCATIONS_KEY,
@@ -65,26 +69,8 @@ def nvidia(nvml: FakeNvml, work: Path) -> NvidiaBackend:
     )
 
 
-@contextlib.asynccontextmanager
-async def agent(plugin_dir: Path, kube: MemoryKube, backend: NvidiaBackend) -> AsyncIterator[None]:
-    node = NodeAgent(
-        Config(),
-        node_name=NODE,
-        kube=kube,
-        backends={"nvidia": backend},
-        register_period=0.2,
-        device_plugin_dir=str(plugin_dir),
-        serve_http=False,
-        kubelet_poll=0.05,
-        min_backoff=0.05,
-    )
-    task = asyncio.create_task(node.run())
-    try:
-        await node.wait_ready(10)
-        yield
-    finally:
-        await node.stop()
-        await task
+def agent(plugin_dir: Path, kube: MemoryKube, backend: NvidiaBackend) -> Any:
+    return running_agent(plugin_dir, kube, backend, name="nvidia")
 
 
 def pending(kube: MemoryKube, allocations: list[MigAllocation]) -> None:

@@ -49,7 +49,7 @@ async def test_the_mlu_agent_advertises_gos_capacities(short_dir: Path) -> None:
     await kubelet.start()
     backend = mlu_backend(fake_cnmon(short_dir, "file"), host_root=str(short_dir))
     try:
-        async with running_agent(short_dir, kube, backend):  # type: ignore[arg-type]
+        async with running_agent(short_dir, kube, backend):
             await poll(lambda: len(kubelet.requests) == 3)
             registered = {r.resource_name: r for r in kubelet.requests}
             assert set(registered) == {"cambricon.com/vmlu", VCORE, VMEM}

@@ -7,7 +7,6 @@ GPU and no real MPS here."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 import pytest
 from _mps_fake import FakeMpsControl
-from _node_helpers import NODE, TO_ALLOC, MemoryKube, MiniKubelet, pod, short_tmp_dir
+from _node_helpers import NODE, TO_ALLOC, MemoryKube, MiniKubelet, pod, running_agent, short_tmp_dir
 from _nvml_helpers import FakeGpu, FakeNvml
 from grpclib.client import Channel
 from grpclib.exceptions import GRPCError
@@ -24,8 +23,6 @@ from hami import log
 from hami._proto.v1beta1 import api_grpc, api_pb2
 from hami.backends import BackendSettings
 from hami.backends.nvidia import NvidiaBackend
-from hami.config import Config
-from hami.node import NodeAgent
 from hami.protocol import decode_node_devices, keys
 from hami.testkit.cluster import poll
 
@@ -105,56 +102,42 @@ async def test_an_mps_pod_through_the_device_plugin(
     kubelet = MiniKubelet(short_dir)
     await kubelet.start()
     backend = nvidia(tmp_path)
-    agent = NodeAgent(
-        Config(),
-        node_name=NODE,
-        kube=kube,
-        backends={"nvidia": backend},
-        register_period=0.2,
-        device_plugin_dir=str(short_dir),
-        serve_http=False,
-        kubelet_poll=0.05,
-        min_backoff=0.05,
-    )
-    task = asyncio.create_task(agent.run())
     try:
-        await agent.wait_ready(10)
-        await poll(lambda: REGISTER in kube.nodes[NODE]["metadata"].get("annotations", {}))
-        register = kube.nodes[NODE]["metadata"]["annotations"][REGISTER]
-        assert [(d.uuid, d.mode, d.healthy) for d in decode_node_devices(register)] == [
-            ("GPU-p-0", "mps", True),
-            (GPU, "mps", True),
-        ]
-        daemon = control.daemon_pid(pipe)
-        assert daemon is not None  # the agent started it
+        async with running_agent(short_dir, kube, backend, name="nvidia"):
+            await poll(lambda: REGISTER in kube.nodes[NODE]["metadata"].get("annotations", {}))
+            register = kube.nodes[NODE]["metadata"]["annotations"][REGISTER]
+            assert [(d.uuid, d.mode, d.healthy) for d in decode_node_devices(register)] == [
+                ("GPU-p-0", "mps", True),
+                (GPU, "mps", True),
+            ]
+            daemon = control.daemon_pid(pipe)
+            assert daemon is not None  # the agent started it
 
-        pending(kube, "p", f"{GPU},NVIDIA,3000,40:;")
-        response = await allocate(short_dir, f"{GPU}-2")
-        assert dict(response.envs) == {
-            "NVIDIA_VISIBLE_DEVICES": GPU,
-            "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
-            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "40",
-            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=3000M",
-        }
-        assert [(m.host_path, m.container_path) for m in response.mounts] == [
-            (str(pipe), str(pipe)),
-            (str(tmp_path / "mps" / "shm"), "/dev/shm"),
-        ]
-        annotations = kube.annotations("p")
-        assert annotations[keys.BIND_PHASE] == "success" and annotations[TO_ALLOC] == ";"
-        assert not (tmp_path / "vgpu" / "containers").exists()  # no HAMi-core directory
+            pending(kube, "p", f"{GPU},NVIDIA,3000,40:;")
+            response = await allocate(short_dir, f"{GPU}-2")
+            assert dict(response.envs) == {
+                "NVIDIA_VISIBLE_DEVICES": GPU,
+                "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
+                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "40",
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=3000M",
+            }
+            assert [(m.host_path, m.container_path) for m in response.mounts] == [
+                (str(pipe), str(pipe)),
+                (str(tmp_path / "mps" / "shm"), "/dev/shm"),
+            ]
+            annotations = kube.annotations("p")
+            assert annotations[keys.BIND_PHASE] == "success" and annotations[TO_ALLOC] == ";"
+            assert not (tmp_path / "vgpu" / "containers").exists()  # no HAMi-core directory
 
-        # the daemon dies: the next pod is refused (its CUDA would run unlimited), the agent
-        # serves on, and registers the GPUs unhealthy until its next enumeration restarts it
-        control.kill(pipe)
-        pending(kube, "q", f"{GPU},NVIDIA,1000,10:;", bind_time="200")
-        with pytest.raises(GRPCError, match=r"pod ns/q: .*no MPS control daemon answers"):
-            await allocate(short_dir, f"{GPU}-3")
-        assert kube.annotations("q")[keys.BIND_PHASE] == "failed"
-        await poll(lambda: control.daemon_pid(pipe) not in (None, daemon))
+            # the daemon dies: the next pod is refused (its CUDA would run unlimited), the agent
+            # serves on, and registers the GPUs unhealthy until its next enumeration restarts it
+            control.kill(pipe)
+            pending(kube, "q", f"{GPU},NVIDIA,1000,10:;", bind_time="200")
+            with pytest.raises(GRPCError, match=r"pod ns/q: .*no MPS control daemon answers"):
+                await allocate(short_dir, f"{GPU}-3")
+            assert kube.annotations("q")[keys.BIND_PHASE] == "failed"
+            await poll(lambda: control.daemon_pid(pipe) not in (None, daemon))
     finally:
-        await agent.stop()
-        await task
         await backend.close()  # the agent closes the backends it made; this one is ours
         await kubelet.stop()
     # it quit the daemon it started, and an enumeration still running then started none
