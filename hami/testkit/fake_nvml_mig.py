@@ -1,9 +1,10 @@
-"""GPU and compute instances in the fake NVML (a mixin of ``_nvml_helpers.FakeNvml``), with
-the driver's rules as NVIDIA's MIG user guide states them: a GPU instance only in MIG mode,
-only at one of its profile's legal placements, never overlapping another one's memory slices
-and no more of a profile than its instance count; compute instances inside a GPU instance up
-to its slices; nothing destroyed while in use (a GPU instance while it holds compute
-instances, a compute instance while a process runs on it: ``busy``).
+"""GPU and compute instances in the fake NVML (a mixin of
+``hami.testkit.fake_nvml.FakeNvml``), with the driver's rules as NVIDIA's MIG user guide
+states them: a GPU instance only in MIG mode, only at one of its profile's legal placements,
+never overlapping another one's memory slices and no more of a profile than its instance
+count; compute instances inside a GPU instance up to its slices; nothing destroyed while in
+use (a GPU instance while it holds compute instances, a compute instance while a process
+runs on it: ``busy``).
 
 Handles are integers (``c_nvmlGpuInstance_t`` and ``c_nvmlComputeInstance_t`` are
 ``c_uint`` here, so the code under test fills ctypes arrays as it does with real pynvml).
@@ -146,7 +147,7 @@ class FakeMigInstances:
         gi_id = next(i for i in itertools.count(1) if i not in gis)
         gis[gi_id] = FakeGi(gi_id, profile, wanted)
         self.created.append((index, gi_id, wanted))
-        return (index << 16) | gi_id
+        return (int(index) << 16) | gi_id
 
     def nvmlDeviceGetGpuInstances(
         self, handle: Any, profile_id: int, array: Any, count_ref: Any
@@ -162,7 +163,7 @@ class FakeMigInstances:
     def nvmlDeviceGetGpuInstanceById(self, handle: Any, gi_id: int) -> int:
         if gi_id not in self._gis(handle.index):
             raise _error(pynvml.NVML_ERROR_NOT_FOUND)
-        return (handle.index << 16) | gi_id
+        return (int(handle.index) << 16) | gi_id
 
     def nvmlGpuInstanceGetInfo(self, gi_handle: int) -> SimpleNamespace:
         _, gi = self._gi(gi_handle)
