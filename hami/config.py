@@ -104,6 +104,9 @@ class WebhookConfig:
     # set on pods asking for an NVIDIA device that name no RuntimeClass (Go HAMi's
     # devicePlugin.runtimeClassName); empty: left alone
     runtime_class_name: str = ""
+    # extender or dra: the mode of device pods in namespaces without the label
+    # hami.io/device-mode (docs/dra.md "Both modes on one cluster")
+    device_mode: str = "extender"
     request_timeout: Duration = Duration(5)  # as HttpConfig's
     max_pending_connections: int = 256
 
@@ -445,6 +448,11 @@ def _check_webhook_and_election(scheduler: SchedulerConfig) -> None:
         )
     if hook.validity.seconds < 10:
         raise ConfigError("config key scheduler.webhook.validity: expected at least 10s")
+    if hook.device_mode not in ("extender", "dra"):
+        raise ConfigError(
+            "config key scheduler.webhook.device_mode: expected extender or dra, got "
+            f"{hook.device_mode!r}"
+        )
     election = scheduler.leader_election
     for key in ("lease_duration", "renew_deadline", "retry_period"):
         if getattr(election, key).seconds <= 0:

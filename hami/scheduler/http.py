@@ -24,6 +24,7 @@ import orjson
 from aiohttp import web
 
 from hami import log
+from hami.scheduler.admission import Admission
 from hami.scheduler.drascore import DraScore, candidate_names, no_opinion
 from hami.scheduler.metrics import CONTENT_TYPE
 from hami.scheduler.service import Scheduler
@@ -183,11 +184,18 @@ def add_probe_routes(
     app.router.add_get("/metrics", metrics)
 
 
-def _webhook(scheduler: Scheduler, scheduler_name: str, runtime_class: str = "") -> Handler:
+def _webhook(
+    scheduler: Scheduler,
+    scheduler_name: str,
+    runtime_class: str = "",
+    admission: Admission | None = None,
+) -> Handler:
     async def webhook(request: web.Request) -> web.Response:
         body, error = await _json_body(request, MAX_WEBHOOK_BODY)
         if error is not None:
             return _json({"error": error}, status=400)
+        if admission is not None:  # both device modes: the namespace decides
+            return _json(await admission.review(body))
         return _json(
             review(
                 body,
@@ -230,10 +238,13 @@ def probe_app(scheduler: Scheduler, ready: Readiness | None = None) -> web.Appli
 
 
 def webhook_app(
-    scheduler: Scheduler, scheduler_name: str, runtime_class: str = ""
+    scheduler: Scheduler,
+    scheduler_name: str,
+    runtime_class: str = "",
+    admission: Admission | None = None,
 ) -> web.Application:
     app = _app()
-    app.router.add_post("/webhook", _webhook(scheduler, scheduler_name, runtime_class))
+    app.router.add_post("/webhook", _webhook(scheduler, scheduler_name, runtime_class, admission))
     app.router.add_get("/healthz", _healthz)
     return app
 

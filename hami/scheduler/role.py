@@ -38,6 +38,7 @@ from hami.kube.client import Kube, KubeConfigError, open_client
 from hami.kube.reflector import Handler, Reflector
 from hami.listener import Limits, Listener
 from hami.scheduler import heap, podinfo
+from hami.scheduler.admission import Admission
 from hami.scheduler.drascore import DraScore
 from hami.scheduler.http import (
     ClientCertTLS,
@@ -256,8 +257,16 @@ class SchedulerRole:
             else:
                 self.tls = ReloadingTLS(hook.cert_file, hook.key_file)
                 work.append(("webhook-tls", lambda: _watch_tls(self.tls)))
+            admission = Admission(
+                self.kube,
+                sched.kinds,
+                settings.scheduler_name,
+                runtime_class=hook.runtime_class_name,
+                default_mode=hook.device_mode,
+                route_cpu_pods=settings.defrag_cpu_pods,
+            )
             host, port = await self._serve(
-                webhook_app(sched, settings.scheduler_name, hook.runtime_class_name),
+                webhook_app(sched, settings.scheduler_name, hook.runtime_class_name, admission),
                 hook,
                 self.tls.context,
             )

@@ -68,7 +68,7 @@ class PodDenied(ValueError):
     """A pod hami must not admit; the message names the pod and the fix."""
 
 
-def _escape(name: str) -> str:
+def escape(name: str) -> str:
     return name.replace("~", "~0").replace("/", "~1")
 
 
@@ -88,18 +88,18 @@ def forged_keys(pod: Mapping[str, Any], kinds: Sequence[DeviceKind]) -> list[str
     return sorted(key for key in annotations_of(pod) if is_decision_key(key, kinds))
 
 
-def _pod_ref(pod: Mapping[str, Any]) -> str:
+def pod_ref(pod: Mapping[str, Any]) -> str:
     meta = pod.get("metadata") or {}
     name = meta.get("name") or f"{meta.get('generateName') or ''}<generated>"
     return f"{meta.get('namespace') or 'default'}/{name}"
 
 
-def _check_placement(pod: Mapping[str, Any], kinds: Sequence[DeviceKind]) -> None:
+def check_placement(pod: Mapping[str, Any], kinds: Sequence[DeviceKind]) -> None:
     """Deny what would let a managed pod escape the scheduler's accounting."""
     node = (pod.get("spec") or {}).get("nodeName")
     if node:
         raise PodDenied(
-            f"pod {_pod_ref(pod)} asks for a device hami shares and sets spec.nodeName={node}, "
+            f"pod {pod_ref(pod)} asks for a device hami shares and sets spec.nodeName={node}, "
             "which skips the scheduler that reserves the device; remove spec.nodeName and "
             f"pin the node with nodeSelector kubernetes.io/hostname: {node} instead"
         )
@@ -108,15 +108,15 @@ def _check_placement(pod: Mapping[str, Any], kinds: Sequence[DeviceKind]) -> Non
         context = container.get("securityContext") or {}
         if context.get("privileged") is True and asks_for(container, kinds):
             raise PodDenied(
-                f"pod {_pod_ref(pod)}: container {container.get('name')} is privileged and "
+                f"pod {pod_ref(pod)}: container {container.get('name')} is privileged and "
                 "asks for a shared device; a privileged container sees every device of the "
                 "node, so its share cannot be enforced; drop securityContext.privileged or "
                 "do not request a shared device"
             )
 
 
-def _strip_ops(forged: Sequence[str]) -> list[dict[str, Any]]:
-    return [{"op": "remove", "path": f"/metadata/annotations/{_escape(k)}"} for k in forged]
+def strip_ops(forged: Sequence[str]) -> list[dict[str, Any]]:
+    return [{"op": "remove", "path": f"/metadata/annotations/{escape(k)}"} for k in forged]
 
 
 def for_hami(pod: Mapping[str, Any], scheduler_name: str) -> bool:
@@ -142,7 +142,7 @@ def mutations(
 
     Raises RequestError for an invalid request and PodDenied for a pod hami must not admit.
     """
-    ops = _strip_ops(forged_keys(pod, kinds))
+    ops = strip_ops(forged_keys(pod, kinds))
     containers, init_count = pod_containers(pod)
     if not any(asks_for(c, kinds) for c in containers):
         current = (pod.get("spec") or {}).get("schedulerName")
@@ -157,11 +157,11 @@ def mutations(
     if not for_hami(pod, scheduler_name):
         # Another scheduler's pod is not hami's to fill in or judge (Go HAMi leaves it as is).
         return ops
-    _check_placement(pod, kinds)
+    check_placement(pod, kinds)
     parse_pod(pod, kinds)  # raises RequestError with what to fix
     if (pod.get("spec") or {}).get("schedulerName") != scheduler_name:
         ops.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler_name})
-    ops += _runtime_class(pod, kinds, runtime_class)
+    ops += runtime_class_ops(pod, kinds, runtime_class)
     for position, container in enumerate(containers):
         if position < init_count:
             base = f"/spec/initContainers/{position}"
@@ -171,7 +171,7 @@ def mutations(
     return ops
 
 
-def _runtime_class(
+def runtime_class_ops(
     pod: Mapping[str, Any], kinds: Sequence[DeviceKind], runtime_class: str
 ) -> list[dict[str, Any]]:
     """Set the RuntimeClass GPU containers need (e.g. nvidia, where the node's default
@@ -323,7 +323,7 @@ def _add_resource(
             continue
         if not sections[section]:
             ops.append({"op": "add", "path": f"{base}/resources/{section}", "value": {}})
-        path = f"{base}/resources/{section}/{_escape(name)}"
+        path = f"{base}/resources/{section}/{escape(name)}"
         ops.append({"op": "add", "path": path, "value": value})
         sections[section][name] = value
     return ops
@@ -375,16 +375,16 @@ def _answer(
     forged = forged_keys(pod, kinds)
     if forged:
         warnings.append(
-            f"hami removed {', '.join(forged)} from pod {_pod_ref(pod)}: only hami's "
+            f"hami removed {', '.join(forged)} from pod {pod_ref(pod)}: only hami's "
             "scheduler and node agent write these annotations"
         )
-        _log.warning("forged decision annotations removed", pod=_pod_ref(pod), keys=forged)
+        _log.warning("forged decision annotations removed", pod=pod_ref(pod), keys=forged)
     managed = any(asks_for(c, kinds) for c in pod_containers(pod)[0])
     managed = managed and for_hami(pod, scheduler_name)
     request = parse_pod(pod, kinds) if managed else None  # parsed fine in mutations()
     if request is not None:
         # A policy or weights value not understood: admitted, scheduled by the default.
-        warnings += [f"pod {_pod_ref(pod)}: {message}" for message in request.warnings]
+        warnings += [f"pod {pod_ref(pod)}: {message}" for message in request.warnings]
     if warnings:
         response["warnings"] = warnings
     if ops:
