@@ -137,6 +137,13 @@ class FakeNvml(FakeMigInstances):
         total = self._gpu(handle, "after_uuid").memory_total_bytes
         return SimpleNamespace(total=total, free=total - 2**30, used=2**30)
 
+    def nvmlDeviceGetUtilizationRates(self, handle: Handle) -> SimpleNamespace:
+        """An idle GPU; in MIG mode the driver has no GPU-wide rates (not supported)."""
+        self._call()
+        if self._gpu(handle, "after_uuid").mig_mode == 1:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(gpu=0, memory=0)
+
     def nvmlDeviceGetPciInfo(self, handle: Handle) -> SimpleNamespace:
         # Real pynvml decodes busId to str; older bindings gave bytes: exercise that path.
         return SimpleNamespace(busId=self._gpu(handle, "after_uuid").bus_id.encode())
