@@ -18,7 +18,9 @@ def _rows(text: str) -> dict[str, list[tuple[str, int, int]]]:
     lines = text.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["POD", "REQUEST"])
     cols = lines[header]
-    starts = [cols.index(c) for c in ("MODEL", "MEMORY MiB", "CORES %", "STATUS")]
+    # the extender table has a SHARED AS column after the cores, the DRA one does not
+    after = "SHARED AS" if "SHARED AS" in cols else "STATUS"
+    starts = [cols.index(c) for c in ("MODEL", "MEMORY MiB", "CORES %", after)]
     out: dict[str, list[tuple[str, int, int]]] = {}
     for line in lines[header + 1 :]:
         if not line.strip():

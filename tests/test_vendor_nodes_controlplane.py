@@ -10,8 +10,9 @@ device plug-ins read.
   a ``NetworkID`` for 910 chips), ``hami.io/node-handshake-{type}`` as ``Reported_`` with its
   dotted time layout, and ``hami-vnpu-core``.
 
-The values are written here as those plug-ins write them (the layouts are facts from their
-code; tests/test_go_ascend_vectors.py checks the reading against Go's own function).
+The values are written as those plug-ins write them (the layouts are facts from their code;
+the Ascend ones by hami.testkit.ascend_node, which ``hami demo``'s Ascend node uses too;
+tests/test_go_ascend_vectors.py checks the reading against Go's own function).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from hami import config
 from hami.kube.client import Kube
 from hami.kube.raw import MERGE_PATCH
 from hami.protocol import keys
+from hami.testkit.ascend_node import ascend_annotations, ascend_register
 from hami.testkit.cluster import poll
 
 
@@ -130,37 +132,6 @@ async def test_a_pod_lands_on_a_node_of_cambricons_own_plugin(kube: Kube, namesp
 # ------------------------------------------------------------------ Ascend
 
 
-def ascend_register(word: str, uuids: list[str], memory: int, core: int, count: int) -> str:
-    """HAMi's ascend-device-plugin's register value: Go's JSON of its device list (fields
-    in Go's struct order, zero values left out, NetworkID 1 from the fifth chip on, 0 on
-    910C)."""
-    entries = []
-    for i, uuid in enumerate(uuids):
-        entry: dict[str, Any] = {"id": uuid}
-        if i:
-            entry["index"] = i
-        network = 0 if word == "Ascend910C" else int(i > 3)
-        entry.update(
-            count=count,
-            devmem=memory,
-            devcore=core,
-            type=word,
-            health=True,
-            custominfo={"NetworkID": network},
-        )
-        entries.append(entry)
-    return json.dumps(entries, separators=(",", ":"))
-
-
-def ascend_annotations(fake: FakeClock, word: str, register: str) -> dict[str, str]:
-    reported = "Reported_" + fake.now().strftime("%Y.%m.%d %H:%M:%S")
-    return {
-        f"hami.io/node-register-{word}": register,
-        f"hami.io/node-handshake-{word}": reported,
-        "hami-vnpu-core": "false",
-    }
-
-
 async def test_pods_land_on_nodes_of_the_ascend_device_plugin(kube: Kube, namespace: str) -> None:
     fake = FakeClock()
     b3, c = unique("npu-b3"), unique("npu-c")
@@ -170,14 +141,16 @@ async def test_pods_land_on_nodes_of_the_ascend_device_plugin(kube: Kube, namesp
         kube,
         b3,
         ascend_annotations(
-            fake, "Ascend910B3", ascend_register("Ascend910B3", b3_chips, 65536, 20, 4)
+            "Ascend910B3", ascend_register("Ascend910B3", b3_chips, 65536, 20, 4), fake.now()
         ),
         {"huawei.com/Ascend910B3": "32"},
     )
     await create_node(
         kube,
         c,
-        ascend_annotations(fake, "Ascend910C", ascend_register("Ascend910C", c_npus, 65536, 20, 4)),
+        ascend_annotations(
+            "Ascend910C", ascend_register("Ascend910C", c_npus, 65536, 20, 4), fake.now()
+        ),
         {"huawei.com/Ascend910C": "16"},
     )
     cfg = scheduler_config({"Ascend910B3": {"enabled": True}, "Ascend910C": {"enabled": True}})

@@ -2,10 +2,14 @@
 
 It starts etcd, kube-apiserver and kube-scheduler as local processes (building them first
 when they are missing and ``tests/controlplane/build.sh`` is at hand), the hami scheduler
-role as kube-scheduler's extender, and three simulated GPU nodes (hami node agent with the
-``fake`` backend + a kubelet emulator each). Then it submits a mix of GPU pods, waits for
-them, prints where each landed and why the one that cannot fit stays Pending, and shuts
-everything down (``--keep``: keeps it running until Ctrl-C and prints the kubeconfig).
+role as kube-scheduler's extender, three simulated GPU nodes shared by HAMi-core (hami node
+agent with the ``fake`` backend + a kubelet emulator each), one whose agent runs the NVIDIA
+backend in ``operating_mode: mig`` on the fake NVML (an A100 in MIG mode), and one Ascend
+node as HAMi's ascend-device-plugin annotates it (a stand-in: this project has no Ascend
+node side, so a pod bound there is never started). Then it submits a mix of device pods,
+waits for them, prints where each landed and how its device is shared, and why the one that
+cannot fit stays Pending, and shuts everything down (``--keep``: keeps it running until
+Ctrl-C and prints the kubeconfig).
 ``--mode dra`` runs the same workloads through Dynamic Resource Allocation instead
 (hami.demo.dra): kube-scheduler alone places them, no extender.
 """
@@ -26,22 +30,30 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hami import log
+from hami.demo.placement import placement_rows, table
+from hami.testkit.ascend_node import AscendNodeSpec
 from hami.testkit.cluster import (
+    DEMO_ASCEND_NODE,
+    DEMO_MIG_NODE,
     DEMO_NODES,
     LocalCluster,
     NodeSpec,
     Timing,
-    annotations_of,
     gpu_pod,
     limits,
     phase_of,
-    pod_devices,
     poll,
 )
 from hami.testkit.controlplane import FIX_HINT, ControlPlane, ControlPlaneError, find_binaries
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "tests" / "controlplane" / "build.sh"
 UNFIT = "too-big"
+#: the extender demo's nodes: HAMi-core ones and the MIG one
+EXTENDER_NODES: tuple[NodeSpec, ...] = (*DEMO_NODES, DEMO_MIG_NODE)
+#: pods that ask for HAMi-core say so, which keeps them off the MIG GPU (a pod without
+#: ``nvidia.com/vgpu-mode`` may take any GPU, as in Go HAMi: there, a MIG instance)
+HAMI_CORE = {"nvidia.com/vgpu-mode": "hami-core"}
+MIG = {"nvidia.com/vgpu-mode": "mig"}
 
 
 @dataclass(frozen=True)
@@ -49,10 +61,51 @@ class Sample:
     name: str
     request: str  # what it asks for, in words
     pod: dict[str, Any]
+    started: bool = True  # False: on a node nothing starts pods on (the Ascend stand-in)
+
+
+def _hami_core(sample: Sample) -> Sample:
+    metadata = sample.pod["metadata"]
+    metadata["annotations"] = {**HAMI_CORE, **metadata.get("annotations", {})}
+    return sample
+
+
+def ascend_pod(name: str, word: str, memory: int) -> dict[str, Any]:
+    """A pod asking for one vNPU of ``memory`` MiB of an Ascend ``word``."""
+    return gpu_pod(name, [{f"huawei.com/{word}": "1", f"huawei.com/{word}-memory": str(memory)}])
 
 
 def samples() -> list[Sample]:
-    """The demo's workloads: every request shape, a selector, and one that cannot fit."""
+    """The demo's workloads: every HAMi-core request shape, a selector, MIG instances, an
+    Ascend vNPU and one that cannot fit."""
+    word = DEMO_ASCEND_NODE.word
+    return [
+        *(_hami_core(s) for s in _hami_core_samples()),
+        Sample(
+            "mig-small",
+            "4000 MiB on MIG (vgpu-mode: mig)",
+            gpu_pod("mig-small", [limits(1, mem=4000)], annotations=MIG),
+        ),
+        Sample(
+            "mig-large",
+            "18000 MiB on MIG (vgpu-mode: mig)",
+            gpu_pod("mig-large", [limits(1, mem=18000)], annotations=MIG),
+        ),
+        Sample(
+            "npu-vnpu",
+            f"20000 MiB of an {word}",
+            ascend_pod("npu-vnpu", word, 20000),
+            started=False,
+        ),
+        _hami_core(
+            Sample(
+                UNFIT, "64000 MiB (no GPU is that large)", gpu_pod(UNFIT, [limits(1, mem=64000)])
+            )
+        ),
+    ]
+
+
+def _hami_core_samples() -> list[Sample]:
     return [
         Sample(
             "train-a100",
@@ -98,7 +151,6 @@ def samples() -> list[Sample]:
                 annotations={"hami.io/node-scheduler-policy": "spread"},
             ),
         ),
-        Sample(UNFIT, "64000 MiB (no GPU is that large)", gpu_pod(UNFIT, [limits(1, mem=64000)])),
     ]
 
 
@@ -117,59 +169,6 @@ class Printer:
         print(line, file=self.out, flush=True)
 
 
-def table(rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    ]
-
-
-def placement_rows(
-    cluster: LocalCluster, pods: Mapping[str, Mapping[str, Any]], order: Sequence[Sample]
-) -> list[list[str]]:
-    rows = [["POD", "REQUEST", "NODE", "DEVICE", "MODEL", "MEMORY MiB", "CORES %", "STATUS"]]
-    for sample in order:
-        pod = pods.get(sample.name)
-        if pod is None:
-            rows.append([sample.name, sample.request, "-", "-", "-", "-", "-", "missing"])
-            continue
-        node = str((pod.get("spec") or {}).get("nodeName") or "-")
-        status = phase_of(pod)
-        phase = annotations_of(pod).get("hami.io/bind-phase")
-        if phase and phase != "success":
-            status = f"{status} ({phase})"
-        spec = pod.get("spec") or {}
-        names = [c["name"] for c in spec.get("initContainers") or []]
-        names += [c["name"] for c in spec.get("containers") or []]
-        init = {c["name"] for c in spec.get("initContainers") or []}
-        entries = pod_devices(pod) if node != "-" else []
-        lines: list[list[str]] = []
-        for cname, devices in zip(names, entries, strict=False):
-            for device in devices:
-                label = f"{cname} (init)" if cname in init else cname
-                who = sample.name if len(names) == 1 else f"{sample.name}/{label}"
-                lines.append(
-                    [
-                        who,
-                        sample.request,
-                        node,
-                        device.uuid,
-                        cluster.model_of(device.uuid).removeprefix("NVIDIA-"),
-                        str(device.memory),
-                        str(device.cores),
-                        status,
-                    ]
-                )
-        if not lines:
-            lines.append([sample.name, sample.request, node, "-", "-", "-", "-", status])
-        for i, line in enumerate(lines):
-            if i:
-                line[1] = ""  # the request once per pod
-            rows.append(line)
-    return rows
-
-
 # --------------------------------------------------------------------------- the demo
 
 
@@ -178,10 +177,13 @@ async def run_demo(
     *,
     keep: bool = False,
     plane: ControlPlane | None = None,
-    nodes: Sequence[NodeSpec] = DEMO_NODES,
+    nodes: Sequence[NodeSpec] | None = None,
     timeout: float = 60.0,  # noqa: ASYNC109
     mode: str = "extender",
+    ascend: Sequence[AscendNodeSpec] = (DEMO_ASCEND_NODE,),
 ) -> int:
+    """``nodes``: the simulated GPU nodes (default: ``EXTENDER_NODES``, in DRA mode
+    ``DEMO_NODES``); ``ascend``: the Ascend stand-in nodes (extender mode only)."""
     say = Printer(out)
     if mode == "dra":
         from hami.demo.dra import run_dra_demo
@@ -191,23 +193,44 @@ async def run_demo(
             say,
             table,
             plane=plane,
-            nodes=nodes,
+            nodes=DEMO_NODES if nodes is None else nodes,
             timeout=timeout,
             keep=_wait_for_signal if keep else None,
         )
     work = samples()
-    async with LocalCluster(nodes, plane=plane, timing=Timing(), progress=say) as cluster:
+    cluster = LocalCluster(
+        EXTENDER_NODES if nodes is None else nodes,
+        plane=plane,
+        timing=Timing(),
+        progress=say,
+        ascend=ascend,
+    )
+    async with cluster:
         say(f"submitting {len(work)} sample pods to namespace {cluster.namespace} ...")
         for sample in work:
             await cluster.create_pod(sample.pod)
-        fitting = [s.name for s in work if s.name != UNFIT]
+        fitting = [s.name for s in work if s.name != UNFIT and s.started]
         pods = await cluster.wait_running(fitting, timeout=timeout)
-        say(f"{len(fitting)} pods started; waiting for the scheduler's verdict on {UNFIT} ...")
+        bound = [s.name for s in work if not s.started]
+        for name in bound:
+            pods[name] = await cluster.wait_pod(name, _bound, timeout=timeout)
+        say(
+            f"{len(fitting)} pods started, {len(bound)} bound to the Ascend stand-in; "
+            f"waiting for the scheduler's verdict on {UNFIT} ..."
+        )
         reason = await _filtering_failed(cluster, UNFIT, timeout)
         pods[UNFIT] = await cluster.get_pod(UNFIT)
         say.raw()
-        for line in table(placement_rows(cluster, pods, work)):
+        order = [(s.name, s.request) for s in work]
+        for line in table(placement_rows(pods, order, cluster.model_of)):
             say.raw("  " + line)
+        say.raw()
+        for name in bound:
+            say.raw(
+                f"{name} is Bound: this scheduler placed it and wrote the decision HAMi's "
+                "ascend-device-plugin reads; this project has no Ascend node side, so nothing "
+                "starts it here."
+            )
         say.raw()
         say.raw(f"{UNFIT} is {phase_of(pods[UNFIT])}: {reason}")
         assert cluster.role is not None
@@ -224,6 +247,10 @@ async def run_demo(
         say("shutting down ...")
     say("done")
     return 0
+
+
+def _bound(pod: Mapping[str, Any]) -> bool:
+    return bool((pod.get("spec") or {}).get("nodeName"))
 
 
 async def _filtering_failed(cluster: LocalCluster, name: str, timeout: float) -> str:  # noqa: ASYNC109

@@ -21,18 +21,18 @@ same API server may hold never take them.
 Periods are injectable (``Timing``): the tests run the handshake with a 3 s timeout and
 kube-scheduler with a 1 s pod back-off.
 
+``NodeSpec(mode="mig")`` runs a node's agent with the NVIDIA backend in MIG mode over the
+fake NVML (hami.testkit.mig_node); ``ascend=[AscendNodeSpec(...)]`` adds Ascend nodes as
+HAMi's ascend-device-plugin annotates them and enables that type's scheduler side
+(hami.testkit.ascend_node: no node side exists here, so nothing starts pods there). Both
+are for the extender mode; ``hami demo`` runs one of each.
+
 ``LocalCluster(mode="dra")`` is the DRA variant (docs/dra.md): no hami scheduler role and no
 extender; kube-scheduler's profile ``hami-scheduler`` is the default plugin set, which
 allocates ResourceClaims against the ResourceSlices the node agents publish (backend
 ``fake`` in ``mode: dra``), kube-controller-manager runs the resourceclaim controller, and
 each kubelet emulator discovers the node's DRA plugin and prepares claims through it (its
-own registration, plugin and CDI directories under the node's directory). With
-``webhook=True`` it runs hami's role for its webhook, which turns pods written for the
-extender mode into claims (docs/dra.md "Unchanged HAMi pods").
-
-``dra_nodes`` runs the named nodes of an extender-mode cluster in the DRA mode: both modes
-on one API server, one kube-scheduler; the webhook sends a device pod to either by its
-namespace's ``hami.io/device-mode`` label (``add_namespace``).
+own registration, plugin and CDI directories under the node's directory).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from hami import config, log
-from hami.backends.base import BackendSettings
+from hami.backends.base import Backend, BackendSettings
 from hami.backends.fake import FakeBackend
 from hami.kube.client import Kube, open_client, pods_path
 from hami.kube.objects import annotations_of, metadata_of
@@ -60,6 +60,7 @@ from hami.kube.raw import KubeError, NotFound
 from hami.node.agent import NodeAgent
 from hami.protocol import ContainerDevice, decode_pod_devices
 from hami.scheduler.role import SchedulerRole
+from hami.testkit.ascend_node import AscendNode, AscendNodeSpec
 from hami.testkit.controlplane import (
     ControllerManagerProcess,
     ControlPlane,
@@ -67,6 +68,7 @@ from hami.testkit.controlplane import (
     free_port,
 )
 from hami.testkit.kubelet import KubeletEmulator, PodAdmission
+from hami.testkit.mig_node import mig_backend
 
 _log = log.get(__name__)
 
@@ -75,6 +77,9 @@ SCHEDULER_NAME = "hami-scheduler"
 ALLOCATED = "hami.io/vgpu-devices-allocated"
 TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
 MODES = ("extender", "dra")
+#: NodeSpec.mode: the fake backend sharing by HAMi-core, or the NVIDIA backend in MIG mode
+#: on the fake NVML (hami.testkit.mig_node)
+NODE_MODES = ("hami-core", "mig")
 #: the DRA driver (and DeviceClass) of the fake backend: it calls itself nvidia
 DRA_DRIVER = "nvidia.hami.io"
 DEVICE_CLASSES = "/apis/resource.k8s.io/v1/deviceclasses"
@@ -111,11 +116,18 @@ def _quiet(_: str) -> None:
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """One simulated GPU node: fake device groups (count, model, memory MiB, numa)."""
+    """One simulated GPU node: fake device groups (count, model, memory MiB, numa), shared
+    by HAMi-core, or with ``mode="mig"`` GPUs in MIG mode (a model with a MIG profile table,
+    extender mode only)."""
 
     name: str
     devices: tuple[Mapping[str, Any], ...]
     split_count: int = 10
+    mode: str = "hami-core"
+
+    def __post_init__(self) -> None:
+        if self.mode not in NODE_MODES:
+            raise ValueError(f"node {self.name}: mode {self.mode!r}, expected one of {NODE_MODES}")
 
     @property
     def device_count(self) -> int:
@@ -128,6 +140,12 @@ DEMO_NODES: tuple[NodeSpec, ...] = (
     NodeSpec("gpu-v100", ({"count": 4, "model": "NVIDIA-Tesla V100-PCIE-32GB", "memory": 32768},)),
     NodeSpec("gpu-t4", ({"count": 2, "model": "NVIDIA-Tesla T4", "memory": 15360},)),
 )
+#: The extender demo's node with one A100 in MIG mode.
+DEMO_MIG_NODE = NodeSpec(
+    "gpu-a100-mig", ({"count": 1, "model": "NVIDIA-A100-SXM4-40GB", "memory": 40960},), mode="mig"
+)
+#: The extender demo's Ascend node (as HAMi's ascend-device-plugin annotates it).
+DEMO_ASCEND_NODE = AscendNodeSpec("npu-910b3", "Ascend910B3", chips=2)
 
 
 @dataclass(frozen=True)
@@ -231,8 +249,7 @@ class SimNode:
         self.agent: NodeAgent | None = None
         self._task: asyncio.Task[None] | None = None
         self.cfg = cluster.cfg
-        self.dra = cluster.is_dra(spec.name)
-        if self.dra:
+        if cluster.mode == "dra":
             # each node its own kubelet directories (a real node has them at fixed paths)
             dra = config.DRANodeConfig(
                 plugins_dir=str(self.dir / "dra"),
@@ -240,19 +257,29 @@ class SimNode:
                 cdi_dir=str(self.dir / "cdi"),
             )
             node_cfg = dataclasses.replace(self.cfg.node, dra=dra)
-            backends = dict(self.cfg.backends)
-            backends["fake"] = dataclasses.replace(backends["fake"], mode="dra")
-            self.cfg = dataclasses.replace(self.cfg, node=node_cfg, backends=backends)
-        self.backend = FakeBackend(
-            BackendSettings(
-                split_count=spec.split_count,
-                options={
-                    "devices": [dict(group) for group in spec.devices],
-                    "uuid_prefix": self.uuid_prefix,
-                    "hamicore": {"containers_dir": str(self.dir / "vgpu")},
-                },
+            self.cfg = dataclasses.replace(self.cfg, node=node_cfg)
+        self.backend_name = "fake"
+        self.backend: Backend
+        if spec.mode == "mig":
+            if cluster.mode == "dra":
+                raise ValueError(f"node {spec.name}: MIG nodes run in the extender mode only")
+            # no usage monitor: containers on MIG instances run without HAMi-core's files
+            monitor = dataclasses.replace(self.cfg.node.monitor, enabled=False)
+            node_cfg = dataclasses.replace(self.cfg.node, monitor=monitor)
+            self.cfg = dataclasses.replace(self.cfg, node=node_cfg)
+            self.backend_name = "nvidia"
+            self.backend = mig_backend(spec.devices, self.uuid_prefix, self.dir)
+        else:
+            self.backend = FakeBackend(
+                BackendSettings(
+                    split_count=spec.split_count,
+                    options={
+                        "devices": [dict(group) for group in spec.devices],
+                        "uuid_prefix": self.uuid_prefix,
+                        "hamicore": {"containers_dir": str(self.dir / "vgpu")},
+                    },
+                )
             )
-        )
 
     @property
     def uuids(self) -> list[str]:
@@ -264,7 +291,7 @@ class SimNode:
 
     async def start_kubelet(self) -> KubeletEmulator:
         dra: dict[str, Any] = {}
-        if self.dra:
+        if self.cluster.mode == "dra":
             dra = {
                 "dra_registry_dir": self.cfg.node.dra.registry_dir,
                 "cdi_dirs": [self.cfg.node.dra.cdi_dir],
@@ -290,7 +317,7 @@ class SimNode:
             self.cfg,
             node_name=self.name,
             kube=self.cluster.kube,
-            backends={"fake": self.backend},
+            backends={self.backend_name: self.backend},
             register_period=timing.register_period,
             device_plugin_dir=str(self.kubelet.plugin_dir),
             serve_http=False,
@@ -299,13 +326,15 @@ class SimNode:
         )
         self._task = asyncio.create_task(self.agent.run(), name=f"node-agent[{self.name}]")
         await self.agent.wait_ready()
-        if self.dra:
+        if self.cluster.mode == "dra":
             await self.kubelet.wait_for_dra_driver(DRA_DRIVER)
             await self.wait_published()
             return
-        await self.kubelet.wait_for_resource(
-            "nvidia.com/gpu", healthy=self.spec.device_count * self.spec.split_count
+        # a MIG GPU offers as many slots as its smallest allowed profile has instances
+        healthy = (
+            None if self.spec.mode == "mig" else self.spec.device_count * self.spec.split_count
         )
+        await self.kubelet.wait_for_resource("nvidia.com/gpu", healthy=healthy)
 
     async def wait_published(self, timeout: float = 30.0) -> None:  # noqa: ASYNC109
         """DRA mode: until the agent's ResourceSlice matches its devices."""
@@ -354,22 +383,19 @@ class LocalCluster:
         mode: str = "extender",
         defrag_cpu_pods: bool = False,
         dra_score: bool = False,
-        dra_nodes: Sequence[str] = (),
+        ascend: Sequence[AscendNodeSpec] = (),
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
+        if ascend and mode != "extender":
+            raise ValueError("ascend: Ascend nodes are scheduled by the extender mode only")
         if dra_score and mode != "dra":
             raise ValueError("dra_score: the DRA mode's node score needs mode='dra'")
         self.mode = mode
         self.dra_score = dra_score
-        unknown = set(dra_nodes) - {spec.name for spec in nodes}
-        if unknown:
-            raise ValueError(f"dra_nodes: no such nodes {sorted(unknown)}")
-        #: nodes whose agent runs the fake backend in mode dra (all in mode="dra")
-        self.dra_nodes = frozenset(dra_nodes)
-        self._namespaces: list[str] = []  # made by add_namespace, deleted on stop
         self.id = uuid.uuid4().hex[:6]
         self.specs = list(nodes)
+        self.ascend_specs = list(ascend)
         self._given_plane = plane
         self.plane: ControlPlane | None = plane
         self.timing = timing or Timing()
@@ -387,6 +413,8 @@ class LocalCluster:
         self.nodes: dict[str, SimNode] = {
             spec.name: SimNode(self, spec, i) for i, spec in enumerate(self.specs)
         }
+        #: stand-ins for Ascend nodes (hami.testkit.ascend_node), once started
+        self.ascend: dict[str, AscendNode] = {}
         self._kube_cm: contextlib.AbstractAsyncContextManager[Kube] | None = None
         self._webhook_config: str | None = None
 
@@ -424,16 +452,18 @@ class LocalCluster:
                 "tls_mode": "files",  # a certificate of the test CA, written below
                 "cert_file": str(self.workdir / "webhook.crt"),
                 "key_file": str(self.workdir / "webhook.key"),
-                "device_mode": self.mode,  # namespaces without hami.io/device-mode
             }
+        backends: dict[str, Any] = {
+            "nvidia": {"enabled": False},
+            "fake": {"enabled": True, "mode": self.mode},
+        }
+        for spec in self.ascend_specs:  # the scheduler side of each Ascend type
+            backends[spec.word] = {"enabled": True}
         return config.from_mapping(
             {
                 "scheduler": scheduler,
                 "node": {"register_period": f"{t.register_period}s"},
-                "backends": {
-                    "nvidia": {"enabled": False},
-                    "fake": {"enabled": True, "mode": self.mode},
-                },
+                "backends": backends,
             },
             env={},
         )
@@ -520,17 +550,11 @@ class LocalCluster:
             self.controller_manager = self.plane.start_controller_manager(
                 name=f"kube-controller-manager-{self.id}"
             )
-            if self.dra_score or self.webhook:
-                self.progress(
-                    f"starting the hami scheduler role (DRA score, webhook) on :{self.port} ..."
-                )
+            if self.dra_score:
+                self.progress(f"starting the hami scheduler role (DRA score) on :{self.port} ...")
                 await self.start_role()
             self.progress("starting kube-scheduler (default plugins: DRA allocates) ...")
         else:
-            if self.dra_nodes:
-                self.controller_manager = self.plane.start_controller_manager(
-                    name=f"kube-controller-manager-{self.id}"
-                )
             self.progress(f"starting the hami scheduler role on 127.0.0.1:{self.port} ...")
             await self.start_role()
             self.progress("starting kube-scheduler with hami as its extender ...")
@@ -546,8 +570,24 @@ class LocalCluster:
             )
             await node.start_kubelet()
             await node.start_agent()
+        for spec in self.ascend_specs:
+            self.progress(
+                f"starting node {spec.name}: {spec.describe()} (a stand-in: the Node as HAMi's "
+                "ascend-device-plugin annotates it; this project has no Ascend node side, so "
+                "no kubelet or agent runs there)"
+            )
+            stand_in = AscendNode(
+                spec, self.kube, labels=self.node_selector, period=self.timing.register_period
+            )
+            self.ascend[spec.name] = stand_in
+            await stand_in.start()
         if self.mode != "dra":
-            await self.wait_available([n for n in self.nodes if not self.is_dra(n)], True)
+            await self.wait_available(self.nodes, True)
+            await poll(
+                lambda: all(self.type_available(s.name, s.word) for s in self.ascend_specs),
+                30.0,
+                "Ascend nodes available",
+            )
         self.progress(f"cluster ready in {time.monotonic() - began:.1f}s")
 
     async def stop(self) -> None:
@@ -558,6 +598,8 @@ class LocalCluster:
         for node in self.nodes.values():
             with contextlib.suppress(Exception):
                 await node.stop()
+        for stand_in in self.ascend.values():
+            await stand_in.stop()
         if self.kube_scheduler is not None:
             sched, self.kube_scheduler = self.kube_scheduler, None
             await asyncio.to_thread(sched.stop)
@@ -604,44 +646,19 @@ class LocalCluster:
         await self.stop_role()
         return await self.start_role()
 
-    def is_dra(self, node: str) -> bool:
-        """Whether the node's agent runs in the DRA mode."""
-        return self.mode == "dra" or node in self.dra_nodes
-
-    async def _ensure_namespace(
-        self, name: str | None = None, labels: Mapping[str, str] | None = None
-    ) -> None:
-        # the cluster's label lets the test webhook's namespaceSelector find it
-        labels = {**(labels or {}), CLUSTER_LABEL: self.id}
-        name = name or self.namespace
-        body = {
-            "apiVersion": "v1",
-            "kind": "Namespace",
-            "metadata": {"name": name, "labels": labels},
-        }
+    async def _ensure_namespace(self) -> None:
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}}
         try:
             await self.kube.create("/api/v1/namespaces", body)
         except KubeError as exc:
             if exc.status != 409:
                 raise
-            await self.kube.merge_patch(
-                f"/api/v1/namespaces/{name}", {"metadata": {"labels": labels}}
-            )
-
-    async def add_namespace(self, name: str, labels: Mapping[str, str] | None = None) -> None:
-        """Another namespace the cluster's webhook serves (e.g. labelled
-        ``hami.io/device-mode: dra``); deleted on stop."""
-        await self._ensure_namespace(name, labels)
-        self._namespaces.append(name)
 
     async def _cleanup_objects(self) -> None:
-        for name in self.nodes:
+        for name in [*self.nodes, *self.ascend]:
             with contextlib.suppress(KubeError):
                 await self.kube.delete(f"/api/v1/nodes/{name}")
-        for name in self._namespaces:
-            with contextlib.suppress(KubeError):
-                await self.kube.delete(f"/api/v1/namespaces/{name}")
-        if self.mode == "dra" or self.dra_nodes:
+        if self.mode == "dra":
             # the agents' DeviceClass is cluster-scoped: gone with the cluster, so a later
             # cluster on the same API server starts from the agents' own body
             with contextlib.suppress(KubeError):
@@ -679,8 +696,7 @@ class LocalCluster:
                 {
                     "name": "vgpu.hami.io",
                     "admissionReviewVersions": ["v1"],
-                    # the DRA path creates ResourceClaimTemplates, never in a dry run
-                    "sideEffects": "NoneOnDryRun",
+                    "sideEffects": "None",
                     "failurePolicy": "Fail",
                     "timeoutSeconds": 10,
                     "clientConfig": {
@@ -695,7 +711,9 @@ class LocalCluster:
                             "resources": ["pods"],
                         }
                     ],
-                    "namespaceSelector": {"matchLabels": {CLUSTER_LABEL: self.id}},
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": self.namespace}
+                    },
                     # only pods that opt in: other tests create pods without the webhook
                     "objectSelector": {"matchLabels": {CLUSTER_LABEL: self.id}},
                 }
@@ -718,10 +736,14 @@ class LocalCluster:
 
     def available(self, node: str) -> bool:
         """Whether the scheduler role sees the node's nvidia type as available."""
+        return self.type_available(node, "nvidia")
+
+    def type_available(self, node: str, word: str) -> bool:
+        """Whether the scheduler role sees the node's device type ``word`` as available."""
         if self.role is None:
             return False
         state = self.role.scheduler.cluster.nodes.get(node)
-        return bool(state and "nvidia" in state.types and state.types["nvidia"].available)
+        return bool(state and word in state.types and state.types[word].available)
 
     async def wait_available(
         self,
@@ -747,6 +769,9 @@ class LocalCluster:
         return out
 
     def model_of(self, uuid_: str) -> str:
+        for spec in self.ascend_specs:
+            if uuid_ in spec.uuids:
+                return spec.word
         for node in self.nodes.values():
             if uuid_ in node.uuids:
                 index = node.uuids.index(uuid_)
@@ -761,19 +786,16 @@ class LocalCluster:
     def _pods_path(self) -> str:
         return pods_path(self.namespace)
 
-    async def create_pod(
-        self, pod: Mapping[str, Any], namespace: str | None = None
-    ) -> dict[str, Any]:
-        """Create a pod in the cluster's namespace (or ``namespace``), restricted to the
-        cluster's nodes."""
+    async def create_pod(self, pod: Mapping[str, Any]) -> dict[str, Any]:
+        """Create a pod in the cluster's namespace, restricted to the cluster's nodes."""
         body = copy.deepcopy(dict(pod))
         spec = dict(body.get("spec") or {})
         spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **self.node_selector}
         body["spec"] = spec
-        return await self.kube.create(pods_path(namespace or self.namespace), body)
+        return await self.kube.create(self._pods_path(), body)
 
-    async def get_pod(self, name: str, namespace: str | None = None) -> dict[str, Any]:
-        return await self.kube.get_pod(namespace or self.namespace, name)
+    async def get_pod(self, name: str) -> dict[str, Any]:
+        return await self.kube.get_pod(self.namespace, name)
 
     async def list_pods(self) -> list[dict[str, Any]]:
         return await self.kube.list_pods(namespace=self.namespace)
@@ -811,14 +833,13 @@ class LocalCluster:
         name: str,
         predicate: Callable[[dict[str, Any]], bool] | None = None,
         timeout: float = 30.0,  # noqa: ASYNC109
-        namespace: str | None = None,
     ) -> dict[str, Any]:
         """Poll until the pod satisfies ``predicate`` (default: it is no longer Pending)."""
         check = predicate or (lambda pod: phase_of(pod) != "Pending")
         found: dict[str, Any] = {}
 
         async def ready() -> bool:
-            found["pod"] = await self.get_pod(name, namespace)
+            found["pod"] = await self.get_pod(name)
             return check(found["pod"])
 
         try:
@@ -876,10 +897,11 @@ class LocalCluster:
 
 
 def _describe(spec: NodeSpec) -> str:
-    return ", ".join(
+    what = ", ".join(
         f"{int(g.get('count', 1))}x {g['model']} ({int(g['memory']) // 1024} GiB)"
         for g in spec.devices
     )
+    return f"{what} in MIG mode" if spec.mode == "mig" else what
 
 
 def _summary(pod: Mapping[str, Any] | None) -> str:
@@ -921,6 +943,8 @@ async def poll(
 __all__ = [
     "ALLOCATED",
     "CLUSTER_LABEL",
+    "DEMO_ASCEND_NODE",
+    "DEMO_MIG_NODE",
     "DEMO_NODES",
     "SCHEDULER_NAME",
     "TO_ALLOCATE",
