@@ -279,6 +279,13 @@ class MigInstances:
             for entry in entries:
                 self._destroy(nvml, entry, "rolled back")
 
+    def remove(self, entries: Iterable[ManagedInstance], why: str) -> list[str]:
+        """Destroy ``entries`` (what one owner holds: a DRA claim being unprepared); returns
+        what could not be removed and why (the caller reports it and is asked again)."""
+        with self._lock:
+            nvml = self._nvml()
+            return [p for e in list(entries) if (p := self._destroy(nvml, e, why))]
+
     def reconcile(self, active: Mapping[str, ActivePod]) -> list[str]:
         """Destroy the ledger's instances whose pod uid is not in ``active`` (the pods on the
         node that may still run: uid -> its readable reservations); adopt the completed

@@ -30,7 +30,7 @@ from hami._proto.dra.v1 import api_pb2 as dra_pb2
 from hami._proto.pluginregistration.v1 import api_grpc as reg_grpc
 from hami._proto.pluginregistration.v1 import api_pb2 as reg_pb2
 from hami.backends.base import Backend, Device
-from hami.dra import cdi, names
+from hami.dra import cdi, migprepare, names
 from hami.dra.checkpoint import Checkpoint
 from hami.dra.claims import EntryCheck, claim_allocation
 from hami.dra.groups import base_request
@@ -143,6 +143,8 @@ class DRAService(dra_grpc.DRAPluginBase):
             if done is not None:
                 return done
             node_devices = self.devices()
+            if migprepare.serves_mig(self.backend, node_devices):
+                return await self._prepare_mig(namespace, name, uid, claim, pods, node_devices)
             allocation = claim_allocation(
                 claim,
                 uid=uid,
@@ -175,8 +177,48 @@ class DRAService(dra_grpc.DRAPluginBase):
             )
             return prepared.devices
 
+    async def _prepare_mig(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        claim: JSON,
+        pods: list[JSON],
+        node_devices: list[Device],
+    ) -> list[JSON]:
+        """A claim on MIG partitions (``migprepare``): its instances made, then as above.
+        Under the lock."""
+        prepared = await asyncio.to_thread(
+            migprepare.prepare_mig_claim,
+            claim,
+            uid=uid,
+            node=self.node,
+            backend=self.backend,
+            node_devices=node_devices,
+            pods=pods,
+        )
+        await asyncio.to_thread(cdi.write_spec, self.cdi_dir, self.driver, uid, prepared.spec)
+        entry = {"namespace": namespace, "name": name, "devices": prepared.devices}
+        await asyncio.to_thread(self.checkpoint.put, uid, {**entry, "spec": prepared.spec})
+        self.metrics.prepared_claims.labels(self.driver).set(len(self.checkpoint.claims))
+        self.log.info(
+            "dra_claim_prepared",
+            claim=f"{namespace}/{name}",
+            uid=uid,
+            devices=[d["deviceName"] for d in prepared.devices],
+            mig=[g.allocation.envs.get(migprepare.VISIBLE_DEVICES) for g in prepared.groups],
+        )
+        return prepared.devices
+
     async def unprepare(self, uid: str) -> None:
         async with self._lock:
+            # MIG instances first: when one cannot go (a process still on it) the claim
+            # stays prepared and kubelet asks again
+            problems = await asyncio.to_thread(migprepare.release_claim, self.backend, uid)
+            if problems:
+                raise RuntimeError(
+                    f"MIG instances of claim {uid} not removed: {'; '.join(problems)}"
+                )
             await asyncio.to_thread(cdi.remove_spec, self.cdi_dir, self.driver, uid)
             await asyncio.to_thread(self.checkpoint.drop, uid)
             self.metrics.unprepares.labels(self.driver).inc()

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from hami import log
 from hami.backends.base import Backend, Device
-from hami.dra import names, slices
+from hami.dra import migslices, names, poolsync, slices
 from hami.dra.metrics import DRAMetrics
 
 _log = log.get(__name__)
@@ -77,6 +77,7 @@ class SlicePublisher:
         self.syncs = 0  # comparisons with the API server's slice
         self.writes = 0  # slices created or replaced (tests read it: no flapping)
         self.published = asyncio.Event()  # set once the slice matches the devices
+        self.pool_names: set[str] = set()  # MIG: the pool's slices (hami.dra.migslices)
         self.log = _log.bind(role="node", node=node, driver=names.driver_name(backend.type_word))
 
     async def ensure_device_class(self) -> None:
@@ -92,6 +93,8 @@ class SlicePublisher:
 
     async def sync_once(self, devices: list[Device]) -> bool:
         """Make the API server's slice say what ``devices`` say; True when it wrote."""
+        if self.pool_names or migslices.partitioned(devices):
+            return await self._sync_pool(devices)
         try:
             existing: JSON | None = await self.kube.request("GET", self.path)
         except Exception as exc:
@@ -113,6 +116,25 @@ class SlicePublisher:
             slice=self.name,
             generation=body["spec"]["pool"]["generation"],
             devices=len(body["spec"]["devices"]),
+        )
+        return True
+
+    async def _sync_pool(self, devices: list[Device]) -> bool:
+        """MIG GPUs: partitions and counter sets over several slices (``poolsync``)."""
+        plan, names_now = await poolsync.sync_pool(
+            self.kube, self.node, self.backend, devices, self.pool_names
+        )
+        self.syncs += 1
+        self.pool_names = names_now if migslices.partitioned(devices) else set()
+        if plan.empty:
+            return False
+        self.writes += 1
+        self.metrics.slice_writes.labels(self.driver).inc()
+        self.log.info(
+            "dra_slices_written",
+            slices=sorted(b["metadata"]["name"] for b in plan.create + plan.replace),
+            deleted=plan.delete,
+            generation=plan.generation,
         )
         return True
 
@@ -149,6 +171,8 @@ class SlicePublisher:
         """Delete the slice (bounded: the agent is shutting down)."""
         try:
             async with asyncio.timeout(5):
+                for name in sorted(self.pool_names - {self.name}):
+                    await poolsync.delete_slice(self.kube, name)
                 await self.kube.request("DELETE", self.path)
             self.log.info("dra_slice_deleted", slice=self.name)
         except Exception as exc:
