@@ -604,21 +604,36 @@ def test_dra_score_renders_a_prioritize_only_extender_and_its_watch_rights() -> 
         "enableHTTPS": False,
     }
     role = by_key(docs)[("ClusterRole", "hami-scheduler")]
-    rules = {
-        resource: sorted(rule["verbs"])
-        for rule in role["rules"]
-        if "resource.k8s.io" in rule["apiGroups"]
-        for resource in rule["resources"]
+    assert resource_rights(role) == {
+        "resourceslices": ["list", "watch"],
+        "resourceclaims": ["list", "watch"],
+        # the webhook's: a DRA-mode device pod's template (docs/dra.md "Unchanged HAMi pods")
+        "resourceclaimtemplates": ["create", "list", "watch"],
     }
-    assert rules == {
-        name: ["list", "watch"]
-        for name in ("resourceslices", "resourceclaims", "resourceclaimtemplates")
-    }
-    # off by default: the DRA rendering keeps kube-scheduler alone and the role without rights
+    # off by default: the DRA rendering keeps kube-scheduler alone and the role with only
+    # the webhook's rights (create a pod's template, read the device sizes)
     hami_cfg, sched = configs(render(*DRA))
     assert not hami_cfg.scheduler.dra_score and "extenders" not in sched
+    assert hami_cfg.scheduler.webhook.device_mode == "dra"  # devicePlugin.mode's
     plain = by_key(render(*DRA))[("ClusterRole", "hami-scheduler")]
-    assert not any("resource.k8s.io" in rule["apiGroups"] for rule in plain["rules"])
+    assert resource_rights(plain) == {
+        "resourceclaimtemplates": ["create"],
+        "resourceslices": ["list"],
+    }
+    hami_cfg, _ = configs(render())
+    assert hami_cfg.scheduler.webhook.device_mode == "extender"
+    hami_cfg, _ = configs(render("--set", "scheduler.admissionWebhook.deviceMode=dra"))
+    assert hami_cfg.scheduler.webhook.device_mode == "dra"
+
+
+def resource_rights(role: dict[str, Any]) -> dict[str, list[str]]:
+    """resource.k8s.io resource -> the verbs all of the role's rules give on it."""
+    out: dict[str, set[str]] = {}
+    for rule in role["rules"]:
+        if "resource.k8s.io" in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                out.setdefault(resource, set()).update(rule["verbs"])
+    return {resource: sorted(verbs) for resource, verbs in out.items()}
 
 
 def test_dra_mode_paths_follow_the_config_value() -> None:

@@ -462,3 +462,15 @@ async def test_admission_leaves_pods_without_devices_alone() -> None:
     assert kube.gets == 0  # no namespace read for a pod that asks no device
     other = pod(container(gpu="1"), schedulerName="volcano")
     assert "patch" not in (await hook.review(review_body(other)))["response"]
+
+
+def test_the_score_and_explain_read_the_webhooks_type_selectors() -> None:
+    """hami.dra.podrequest (the DRA score, hami explain) reads the type selectors the
+    webhook writes, so a converted pod is weighed and explained with its use-gputype."""
+    from hami.dra.podrequest import reads_selector
+
+    annotations = {"nvidia.com/use-gputype": "T4", "nvidia.com/nouse-gputype": "A10"}
+    out = convert(pod(container(gpu="1"), annotations=annotations))
+    (request,) = requests_of(out)
+    expressions = [s["cel"]["expression"] for s in request["exactly"]["selectors"]]
+    assert expressions and all(reads_selector(e, DRIVER) for e in expressions)

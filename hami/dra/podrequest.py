@@ -45,8 +45,10 @@ MAX_CORES = 100
 # (namespace, name) -> the object as the API server has it, or None when not known
 Lookup = Callable[[str, str], Mapping[str, Any] | None]
 
+# ``.lowerAscii()`` before ``contains``: the form hami's webhook writes for use-gputype
 _MODEL_CONTAINS = re.compile(
-    r'^\s*(!\s*)?device\.attributes\["(?P<driver>[^"]+)"\]\.model\.contains\("(?P<model>[^"\\]*)"\)\s*$'
+    r'^\s*(!\s*)?device\.attributes\["(?P<driver>[^"]+)"\]\.model(?:\.lowerAscii\(\))?'
+    r'\.contains\("(?P<model>[^"\\]*)"\)\s*$'
 )
 
 

@@ -146,6 +146,7 @@ imagePullSecrets:
       "port" 9443
       "tls_mode" (ternary "cert-manager" (ternary "self" "files" $v.scheduler.patch.enabled) $v.scheduler.certManager.enabled)
       "runtime_class_name" $v.devicePlugin.runtimeClassName
+      "device_mode" (default $v.devicePlugin.mode $v.scheduler.admissionWebhook.deviceMode)
       "secret_name" (include "hami.tlsSecret" .)
       "service_name" (include "hami.scheduler" .)
       "configuration_name" (include "hami.webhook" .)
