@@ -10,6 +10,7 @@ DRA-mode node, and the namespace label ``hami.io/device-mode`` choosing per pod.
 
     gpu-a100  4 x NVIDIA-A100-SXM4-40GB  40960 MiB
     gpu-t4    2 x NVIDIA-Tesla T4        15360 MiB
+    gpu-l4    2 x NVIDIA-L4              23034 MiB, one on NUMA node 0, one on 1
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from hami.testkit.cluster import (
     gpu_pod,
     limits,
     phase_of,
+    poll,
 )
 from hami.testkit.controlplane import ControlPlane
 from hami.testkit.dra_pods import templates_path
@@ -38,9 +40,18 @@ pytestmark = [pytest.mark.controlplane, pytest.mark.asyncio(loop_scope="module")
 
 A100, T4 = "gpu-a100", "gpu-t4"
 A100_MODEL, T4_MODEL = "NVIDIA-A100-SXM4-40GB", "NVIDIA-Tesla T4"
+NUMA, L4_MODEL = "gpu-l4", "NVIDIA-L4"
 NODES = (
     NodeSpec(A100, ({"count": 4, "model": A100_MODEL, "memory": 40960},)),
     NodeSpec(T4, ({"count": 2, "model": T4_MODEL, "memory": 15360},)),
+    # one L4 on each NUMA node: numa-bind can never have two of them
+    NodeSpec(
+        NUMA,
+        (
+            {"count": 1, "model": L4_MODEL, "memory": 23034, "numa": 0},
+            {"count": 1, "model": L4_MODEL, "memory": 23034, "numa": 1},
+        ),
+    ),
 )
 TIMING = Timing(handshake_timeout=3.0)
 
@@ -158,7 +169,13 @@ async def test_selectors_percentage_priority_and_count(dra: LocalCluster) -> Non
     assert uuid_of(dra, by_uuid["spec"]["nodeName"], result["device"]) == wanted
     # two devices, distinct, on one NUMA node; the whole device when no memory is named
     two = await run(
-        dra, hami_pod(dra, "two", [limits(2)], annotations={"nvidia.com/numa-bind": "true"})
+        dra,
+        hami_pod(
+            dra,
+            "two",
+            [limits(2)],
+            annotations={"nvidia.com/numa-bind": "true", "nvidia.com/nouse-gputype": "L4"},
+        ),
     )
     results = results_of(await the_claim(dra, two))
     assert len({r["device"] for r in results}) == 2
@@ -196,3 +213,33 @@ async def test_a_dry_run_creates_no_template(dra: LocalCluster) -> None:
     assert answer["spec"]["resourceClaims"][0]["name"] == "hami"
     after, _ = await dra.kube.list_all(templates_path(dra.namespace))
     assert len(after) == len(before)
+
+
+async def test_numa_bind_keeps_a_containers_devices_on_one_numa_node(dra: LocalCluster) -> None:
+    """Two L4s exist, one per NUMA node: with numa-bind the pod cannot have both and stays
+    Pending (kube-scheduler's matchAttribute on the numa attribute), without it it runs."""
+    only_l4 = {"nvidia.com/use-gputype": "L4"}
+    bound = hami_pod(
+        dra, "numa-bound", [limits(2, mem=1000)], {**only_l4, "nvidia.com/numa-bind": "true"}
+    )
+    await dra.create_pod(bound)
+    free = await run(dra, hami_pod(dra, "numa-free", [limits(2, mem=1000)], only_l4))
+    assert free["spec"]["nodeName"] == NUMA
+    assert len({r["device"] for r in results_of(await the_claim(dra, free))}) == 2
+    waiting = await dra.get_pod("numa-bound")
+    assert phase_of(waiting) == "Pending"
+    assert not waiting["spec"].get("nodeName")
+    # the claim kube-scheduler could not allocate carries the constraint
+    (status,) = waiting["status"].get("resourceClaimStatuses") or [None]
+    assert status is not None
+    claim = await dra.kube.request("GET", claim_path(dra.namespace, status["resourceClaimName"]))
+    assert {"requests": ["c0"], "matchAttribute": "nvidia.hami.io/numa"} in claim["spec"][
+        "devices"
+    ]["constraints"]
+    assert not (claim.get("status") or {}).get("allocation")
+
+    async def refused() -> bool:
+        messages = [e.get("message") or "" for e in await dra.events("numa-bound")]
+        return any("cannot allocate all claims" in m for m in messages)
+
+    await poll(refused, 30, "kube-scheduler's FailedScheduling for numa-bound")
