@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Prove the NVIDIA backend on this machine's real GPU(s) (issue 13): hami devices against
 # nvidia-smi, a slice pod's Allocate answer on the local control plane, HAMi-core's memory
-# limit where it can be built, NVML health events. One report line per check; exit 1 on any
+# limit where it can be built, NVML health events, and on GPUs in MIG mode the profiles and
+# placements the agent reads against `nvidia-smi mig -lgip`/`-lgipp` (read only: MIG mode is
+# never changed; MIG off or absent is a SKIP line). One report line per check; exit 1 on any
 # FAIL. Without a GPU: one line, exit 0 (CI runs it so). The checks are in
 # hami/testkit/gpucheck.py; this is only the entry point.
 #

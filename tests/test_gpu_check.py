@@ -682,6 +682,9 @@ def _fake_smi(tmp_path: Path, query: str, topo: str) -> str:
         f'  "--query-gpu=uuid --format=csv,noheader") tail -n +2 {data}/query | cut -d, -f1 ;;\n'
         f'  "topo -m") cat {data}/topo ;;\n'
         f'  "--query-gpu=driver_version --format=csv,noheader") echo 580.159.03 ;;\n'
+        # three GPUs without MIG: step 5 says so and reads nothing more
+        f'  "--query-gpu=index,mig.mode.current --format=csv,noheader") '
+        f'printf "0, [N/A]\\n1, [N/A]\\n2, [N/A]\\n" ;;\n'
         f'  *) echo "unexpected: $*" >&2; exit 2 ;;\n'
         "esac\n",
     )
@@ -727,7 +730,7 @@ def test_configuration_errors_name_the_file_and_the_key(
 def test_whole_check_on_the_real_control_plane(
     controlplane: ControlPlane, mixed: FakeNvml, fake_gpu_path: str, tmp_path: Path
 ) -> None:
-    """Steps 1-5 with the fake driver: the slice pod lands on a node agent with the NVIDIA
+    """Steps 1-6 with the fake driver: the slice pod lands on a node agent with the NVIDIA
     backend, kubelet's Allocate answer names a real (fixture) uuid, the limits and mounts."""
     # The fake driver's topology as MIXED_TOPO shows it: the V100s under one host bridge
     # pair on one NUMA node (NODE), the T4 across the CPUs (SYS, the fake's default).
@@ -757,8 +760,10 @@ def test_whole_check_on_the_real_control_plane(
         "step3 hami-core": "SKIP",
         "step4 health events": "PASS",
         "step4 topology scores": "PASS",
+        "step5 MIG": "SKIP",
     }, out.getvalue()
-    assert lines[-1] == "gpu-check OK: 8 passed, 0 failed, 1 skipped"
+    assert "GPU0 no MIG, GPU1 no MIG, GPU2 no MIG" in out.getvalue()
+    assert lines[-1] == "gpu-check OK: 8 passed, 0 failed, 2 skipped"
     assert code == 0
     left = [n for n in asyncio.run(_node_names(controlplane.kubeconfig)) if "gpu-check" in n]
     assert left == []  # the shared control plane keeps no node of the check

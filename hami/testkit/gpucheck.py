@@ -12,7 +12,10 @@ One run, no arguments needed, five steps, one report line per check:
    under the answer's environment with ``libvgpu.so`` preloaded; skipped, saying why, where not;
 4. NVML health events registered on every GPU; the topology pair scores the backend writes
    (``hami.io/node-nvidia-score``) against ``nvidia-smi topo -m``;
-5. the report; exit status 1 on any FAIL.
+5. MIG, reading only (``hami.testkit.gpucheck_mig``): on a GPU in MIG mode, the profiles and
+   placements the backend reads against ``nvidia-smi mig -lgip`` / ``-lgipp``; a SKIP line
+   where MIG is off or absent (the check never changes a MIG mode);
+6. the report; exit status 1 on any FAIL.
 
 Without a GPU (no ``nvidia-smi``, or it fails, or it lists none) it prints one line and
 exits 0, so CI runs it as it is; a GPU nvidia-smi lists but NVML cannot open is one line and
@@ -47,7 +50,7 @@ from hami.backends.nvidia_names import NVIDIA_RESOURCES
 from hami.core.topology import parse_pair_scores, score_key
 from hami.node.agent import NodeAgent
 from hami.protocol import NodeDevice, ProtocolError, decode_node_devices, keys
-from hami.testkit import gpucheck_cuda
+from hami.testkit import gpucheck_cuda, gpucheck_mig
 from hami.testkit.cluster import CLUSTER_LABEL, LocalCluster, gpu_pod, limits, poll
 from hami.testkit.controlplane import ControlPlane, ControlPlaneError, find_binaries
 from hami.testkit.gpucheck_run import Answer, Check, Ran, Report, Runner, run_command
@@ -758,6 +761,7 @@ async def run_checks(options: Options, smi: Sequence[SmiGpu], settings: BackendS
     report.extend(await step2(settings, smi_uuids, options.nvml, hamicore, options.plane))
     report.extend([await step4_health(settings, options.nvml)])
     report.extend([await step4_topology(settings, options.nvml, smi, topo, topo_why)])
+    report.extend(await asyncio.to_thread(gpucheck_mig.step5, options.nvml, run_command))
     return report
 
 
