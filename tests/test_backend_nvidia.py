@@ -145,11 +145,18 @@ async def test_device_lost_after_enumeration_keeps_its_identity(
     devices = await backend.enumerate()
     assert len(devices) == 8
     assert dataclasses.replace(devices[3], details=DeviceDetails()) == Device(
-        nvml.gpus[3].uuid, 3, "NVIDIA A100-SXM4-80GB", 81920, 0, healthy=False
+        nvml.gpus[3].uuid,
+        3,
+        "NVIDIA A100-SXM4-80GB",
+        81920,
+        0,
+        healthy=False,
+        unhealthy_reason="nvml-unreadable",
     )
     assert devices[3].details.product == "NVIDIA A100-SXM4-80GB"  # kept from the last reading
     nvml.gpus[3].lost = None  # a device once lost stays unhealthy until restart
     assert not (await backend.enumerate())[3].healthy
+    assert (await backend.enumerate())[3].unhealthy_reason == "nvml-unreadable"
 
 
 class HealthLog:
@@ -183,8 +190,10 @@ async def test_health_xid_79_marks_unhealthy_xid_43_does_not(
     assert sorted(nvml.registered) == sorted(g.uuid for g in nvml.gpus)
     assert threading.get_ident() not in nvml.threads
 
-    # Re-enumeration keeps it unhealthy.
-    assert [d.healthy for d in await backend.enumerate()] == [True] * 6 + [False, True]
+    # Re-enumeration keeps it unhealthy, with the Xid as its cause (the DRA taint's value).
+    again = await backend.enumerate()
+    assert [d.healthy for d in again] == [True] * 6 + [False, True]
+    assert [d.unhealthy_reason for d in again] == [""] * 6 + ["xid-79", ""]
 
     watcher.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -96,14 +96,19 @@ async def test_agent_in_dra_mode_publishes_and_serves(kube: Kube) -> None:
             "hami_dra_slice_writes_total", {"driver": "nvidia.hami.io"}
         )
         assert writes == 1
-        # a device the backend now reports unhealthy leaves the slice (re-enumeration)
-        backend.set_health(f"GPU-{node}-1", False)
+        # a device the backend now reports unhealthy is tainted with its cause
+        # (re-enumeration: the fake judges the Xid as the NVIDIA backend does)
+        assert backend.inject_xid(f"GPU-{node}-1", 79)
         for _ in range(400):  # bounded: 20 s; the agent re-enumerates every 0.5 s
-            if len((await kube.request("GET", path))["spec"]["devices"]) == 1:
+            taints = (await kube.request("GET", path))["spec"]["devices"][1].get("taints")
+            if taints:
                 break
             await asyncio.sleep(0.05)
         else:
-            raise AssertionError("the unhealthy device stayed in the slice")
+            raise AssertionError("the unhealthy device was not tainted")
+        assert [(t["key"], t["value"], t["effect"]) for t in taints] == [
+            ("hami.io/unhealthy", "xid-79", "NoSchedule")
+        ]
 
         def slice_writes() -> float:
             value = agent.metrics.registry.get_sample_value(

@@ -53,11 +53,19 @@ def test_one_pool_per_node_one_device_per_physical_device() -> None:
     assert capacity["slots"]["requestPolicy"] == {"default": "1", "validValues": ["1"]}
 
 
-def test_memory_scaling_applies_and_unhealthy_devices_leave() -> None:
-    devices = [DEVICES[0], Device("GPU-a-1", 1, "NVIDIA A100", 40960, healthy=False)]
-    spec = slices.slice_spec("node-a", backend(memory_scaling=1.5), devices, 0)
-    assert [d["name"] for d in spec["devices"]] == ["nvidia-0"]
+def test_memory_scaling_applies_and_unhealthy_devices_are_tainted() -> None:
+    sick = Device("GPU-a-1", 1, "NVIDIA A100", 40960, healthy=False, unhealthy_reason="xid-48")
+    spec = slices.slice_spec("node-a", backend(memory_scaling=1.5), [DEVICES[0], sick], 0)
+    assert [d["name"] for d in spec["devices"]] == ["nvidia-0", "nvidia-1"]
     assert spec["devices"][0]["capacity"]["memory"]["value"] == f"{int(40960 * 1.5)}Mi"
+    assert "taints" not in spec["devices"][0]
+    assert spec["devices"][1]["attributes"]["healthy"] == {"bool": False}
+    assert spec["devices"][1]["taints"] == [
+        {"key": "hami.io/unhealthy", "value": "xid-48", "effect": "NoSchedule"}
+    ]
+    # an API server that drops taints: the unhealthy device leaves the slice instead
+    plain = slices.slice_spec("node-a", backend(), [DEVICES[0], sick], 0, with_taints=False)
+    assert [d["name"] for d in plain["devices"]] == ["nvidia-0"]
 
 
 def test_device_class_selects_by_driver() -> None:
@@ -86,4 +94,8 @@ def test_next_slice_writes_only_on_change_and_bumps_generation() -> None:
     assert changed is not None
     assert changed["spec"]["pool"]["generation"] == 1
     assert changed["metadata"]["resourceVersion"] == "17"
-    assert [d["name"] for d in changed["spec"]["devices"]] == ["nvidia-0"]
+    assert [d["name"] for d in changed["spec"]["devices"]] == ["nvidia-0", "nvidia-1"]
+    assert changed["spec"]["devices"][1]["taints"][0]["key"] == "hami.io/unhealthy"
+    gone = slices.next_slice("node-a", b, sick, stored, with_taints=False)
+    assert gone is not None
+    assert [d["name"] for d in gone["spec"]["devices"]] == ["nvidia-0"]

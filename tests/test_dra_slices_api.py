@@ -95,17 +95,40 @@ async def test_publisher_keeps_the_slice_current_and_withdraws_it(kube: Kube) ->
         await eventually(lambda: _true(publisher.syncs >= syncs + 3), "resyncs")
         assert publisher.writes == 1
 
-        # a device turns unhealthy: it leaves the slice, the pool generation bumps
+        # a device turns unhealthy: it is tainted (the API server serves device taints by
+        # default in 1.36 and stamps their time), the pool generation bumps
         state.on_health(state.devices[1].uuid, False)
 
-        async def one_device() -> bool:
+        async def tainted() -> bool:
             item = await get()
-            return item is not None and len(item["spec"]["devices"]) == 1
+            return item is not None and bool(item["spec"]["devices"][1].get("taints"))
 
-        await eventually(one_device, "unhealthy device removed")
+        await eventually(tainted, "unhealthy device tainted")
         item = await get()
         assert item is not None and item["spec"]["pool"]["generation"] == 1
-        assert item["spec"]["devices"][0]["attributes"]["index"] == {"int": 0}
+        assert publisher.taints_served
+        (taint,) = item["spec"]["devices"][1]["taints"]
+        assert (taint["key"], taint["value"], taint["effect"]) == (
+            "hami.io/unhealthy",
+            "unhealthy",  # a health event names no cause
+            "NoSchedule",
+        )
+        assert taint["timeAdded"]
+        assert item["spec"]["devices"][1]["attributes"]["healthy"] == {"bool": False}
+        assert "taints" not in item["spec"]["devices"][0]
+        # the time the server added is no change: resyncs write nothing
+        writes, syncs = publisher.writes, publisher.syncs
+        await eventually(lambda: _true(publisher.syncs >= syncs + 3), "resyncs")
+        assert publisher.writes == writes
+
+        # healthy again: the taint goes
+        state.on_health(state.devices[1].uuid, True)
+
+        async def untainted() -> bool:
+            item = await get()
+            return item is not None and "taints" not in item["spec"]["devices"][1]
+
+        await eventually(untainted, "taint removed")
 
         # someone deletes the slice: the next resync writes it again
         await kube.delete(path)

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-# Application errors that say nothing about the GPU itself (the NVIDIA device plugin skips
-# the same): 13 graphics engine exception, 31 GPU memory page fault, 43 GPU stopped
-# processing, 45 preemptive cleanup, 68 video processor exception, 109 context switch timeout.
-DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+from hami.backends.health import APPLICATION_XIDS
+
+# Application errors that say nothing about the GPU itself (hami.backends.health)
+DEFAULT_IGNORED_XIDS: frozenset[int] = APPLICATION_XIDS
 
 
 def text(value: Any) -> str:

@@ -15,13 +15,15 @@ from typing import Any
 
 import structlog
 
+from hami.backends import health
 from hami.backends._nvml import text
 from hami.backends.base import Device
 
 log = structlog.get_logger(__name__)
 
-MarkUnhealthy = Callable[[str, str], None]
-"""Called with (uuid, reason) for a device found unhealthy."""
+MarkUnhealthy = Callable[[str, str, str], None]
+"""Called with (uuid, reason, cause) for a device found unhealthy: the reason for the log,
+the cause as one word (``xid-79``, hami.backends.health) for the device."""
 
 
 def watch_events(
@@ -46,7 +48,9 @@ def watch_events(
                 continue
             except nvml.NVMLError as exc:
                 for uuid in uuids:
-                    mark_unhealthy(uuid, f"waiting for NVML events failed: {exc}")
+                    mark_unhealthy(
+                        uuid, f"waiting for NVML events failed: {exc}", health.HEALTH_WATCH_FAILED
+                    )
                 stop.wait(timeout_ms / 1000)  # a lasting failure must not spin
                 continue
             _handle(nvml, event, uuids, xid_event, ignored_xids, mark_unhealthy)
@@ -71,7 +75,7 @@ def _register(
     except nvml.NVMLError_NotSupported:
         log.warning("nvidia.health_not_supported", uuid=uuid)
     except nvml.NVMLError as exc:
-        mark_unhealthy(uuid, f"cannot watch its health events: {exc}")
+        mark_unhealthy(uuid, f"cannot watch its health events: {exc}", health.HEALTH_WATCH_FAILED)
 
 
 def _handle(
@@ -85,16 +89,16 @@ def _handle(
     if int(event.eventType) != xid_event:
         return
     xid = int(event.eventData)
-    if xid in ignored_xids:
+    if not health.is_fatal(xid, ignored_xids):
         log.info("nvidia.xid_ignored", xid=xid)
         return
-    reason = f"Xid {xid} critical error"
+    reason, cause = f"Xid {xid} critical error", health.xid_cause(xid)
     uuid = _event_uuid(nvml, event)
     if uuid is None:
         for each in uuids:
-            mark_unhealthy(each, f"{reason} on an unidentified device")
+            mark_unhealthy(each, f"{reason} on an unidentified device", cause)
     elif uuid in uuids:
-        mark_unhealthy(uuid, reason)
+        mark_unhealthy(uuid, reason, cause)
     else:
         log.info("nvidia.xid_other_device", xid=xid, uuid=uuid)
 

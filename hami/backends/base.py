@@ -56,6 +56,8 @@ class Device:
     mig: MigCapability | None = None  # registered as a MIG GPU (protocol.md §10)
     # product, architecture, versions, PCIe place: published as DRA attributes only
     details: DeviceDetails = field(default_factory=DeviceDetails)
+    # why it is unhealthy, one word (``xid-79``; hami.backends.health): the DRA taint value
+    unhealthy_reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ the same paths a GPU node does. Options:
         numa: 0
         healthy: true
     uuid_prefix: GPU-fake-node-a   # default: GPU-fake-{NODE_NAME or hostname}
+    ignored_xids: [13, 31, 43, 45, 68, 109]  # what ``inject_xid`` leaves healthy (NVIDIA's)
     type: nvidia        # type word, vendor word and resources can be changed to
     vendor: NVIDIA      # simulate another kind of device
 
@@ -26,6 +27,7 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
+from hami.backends import health
 from hami.backends.base import (
     AllocationRequest,
     Backend,
@@ -74,7 +76,8 @@ class FakeBackend(Backend):
         self.uuid_prefix = str(options.get("uuid_prefix", f"GPU-fake-{node}"))
         self.paths = HamiCorePaths.from_options(options)
         self._devices = self._declared(options.get("devices", []))
-        self._health: dict[str, bool] = {}
+        self.ignored_xids = _xids(options.get("ignored_xids", sorted(health.APPLICATION_XIDS)))
+        self._health: dict[str, tuple[bool, str]] = {}  # uuid -> (healthy, cause)
 
     def _declared(self, groups: Any) -> list[Device]:
         if not isinstance(groups, list):
@@ -112,22 +115,44 @@ class FakeBackend(Backend):
         return devices
 
     async def enumerate(self) -> list[Device]:
-        return [
-            dataclasses.replace(d, healthy=self._health.get(d.uuid, d.healthy))
-            for d in self._devices
-        ]
+        out = []
+        for d in self._devices:
+            healthy, cause = self._health.get(d.uuid, (d.healthy, ""))
+            out.append(dataclasses.replace(d, healthy=healthy, unhealthy_reason=cause))
+        return out
 
-    def set_health(self, uuid: str, healthy: bool) -> None:
-        """Simulate a health change (tests and demos)."""
+    def set_health(self, uuid: str, healthy: bool, cause: str = "") -> None:
+        """Simulate a health change (tests and demos); ``cause`` says why it is unhealthy
+        (hami.backends.health: ``xid-79``)."""
         if uuid not in {d.uuid for d in self._devices}:
             raise BackendError(f"fake backend: no device {uuid!r}")
-        self._health[uuid] = healthy
+        self._health[uuid] = (healthy, "" if healthy else cause)
+
+    def inject_xid(self, uuid: str, xid: int) -> bool:
+        """Simulate a critical Xid event on a device, judged as the NVIDIA backend judges
+        one (application Xids leave it healthy); True when it made the device unhealthy."""
+        if not health.is_fatal(xid, self.ignored_xids):
+            if uuid not in {d.uuid for d in self._devices}:
+                raise BackendError(f"fake backend: no device {uuid!r}")
+            return False
+        self.set_health(uuid, False, health.xid_cause(xid))
+        return True
 
     def allocate(self, request: AllocationRequest) -> ContainerAllocation:
         return hamicore_allocation(request, self.paths, priority_resource=self.priority_resource)
 
     def admin_allocation(self, request: AllocationRequest) -> ContainerAllocation:
         return hamicore_admin_allocation(request)
+
+
+def _xids(value: Any) -> frozenset[int]:
+    if not isinstance(value, list) or not all(
+        isinstance(x, int) and not isinstance(x, bool) for x in value
+    ):
+        raise BackendError(
+            f"fake backend: option 'ignored_xids' must be a list of integers, got {value!r}"
+        )
+    return frozenset(value)
 
 
 def _int(value: Any, where: str, *, minimum: int) -> int:

@@ -65,7 +65,7 @@ from typing import Any
 
 import structlog
 
-from hami.backends import _nvml
+from hami.backends import _nvml, health
 from hami.backends._nvml_details import read_details, read_system
 from hami.backends._nvml_health import watch_events
 from hami.backends._nvml_mig import mig_enabled, read_mig_profiles
@@ -184,7 +184,7 @@ class NvidiaBackend(Backend):
         self._nvml = nvml
         self._init_lock = threading.Lock()
         self._started = False
-        self._unhealthy: set[str] = set()
+        self._unhealthy: dict[str, str] = {}  # uuid -> cause (hami.backends.health)
         self._by_index: dict[int, Device] = {}  # last good reading, for a device lost later
         self._watchers: list[tuple[threading.Event, threading.Event]] = []  # (stop, done)
 
@@ -250,7 +250,12 @@ class NvidiaBackend(Backend):
         if self.mps is not None and devices and self.mps.ensure() is not None:
             # without a daemon a container's CUDA runs without MPS, unlimited: nothing new
             # goes to these GPUs until it answers (next enumeration)
-            devices = [dataclasses.replace(d, healthy=False) for d in devices]
+            devices = [
+                d
+                if not d.healthy
+                else dataclasses.replace(d, healthy=False, unhealthy_reason=health.MPS_DAEMON_DOWN)
+                for d in devices
+            ]
         return devices
 
     def to_node_devices(self, devices: Sequence[Device]) -> list[register.NodeDevice]:
@@ -315,6 +320,7 @@ class NvidiaBackend(Backend):
             memory_mib=memory,
             numa=_nvml.numa_node(self.sysfs_root, bus_id),
             healthy=uuid not in self._unhealthy,
+            unhealthy_reason=self._unhealthy.get(uuid, ""),
             mig=mig,
             details=read_details(
                 nvml, handle, name=name, bus_id=bus_id, sysfs_root=self.sysfs_root, system=system
@@ -370,10 +376,10 @@ class NvidiaBackend(Backend):
             log.warning("nvidia.device_skipped", index=index, error=str(exc))
             return None
         log.warning("nvidia.device_unhealthy", index=index, uuid=uuid, error=str(exc))
-        self._unhealthy.add(uuid)
+        cause = self._unhealthy.setdefault(uuid, health.NVML_UNREADABLE)
         if known is not None and known.uuid == uuid:
-            return dataclasses.replace(known, healthy=False)
-        return Device(uuid, index, "NVIDIA-unknown", 0, 0, healthy=False)
+            return dataclasses.replace(known, healthy=False, unhealthy_reason=cause)
+        return Device(uuid, index, "NVIDIA-unknown", 0, 0, healthy=False, unhealthy_reason=cause)
 
     # Allocation
 
@@ -435,11 +441,11 @@ class NvidiaBackend(Backend):
         loop = asyncio.get_running_loop()
         reported: set[str] = set()
 
-        def mark_unhealthy(uuid: str, reason: str) -> None:  # in the worker thread
+        def mark_unhealthy(uuid: str, reason: str, cause: str) -> None:  # in the worker thread
             if uuid in reported:
                 return
             reported.add(uuid)
-            self._unhealthy.add(uuid)
+            self._unhealthy.setdefault(uuid, cause)  # the first cause is the one to fix
             log.warning("nvidia.device_unhealthy", uuid=uuid, reason=reason)
             # RuntimeError: the loop has closed, nobody is listening any more.
             with contextlib.suppress(RuntimeError):

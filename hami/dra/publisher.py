@@ -6,6 +6,10 @@ devices change (health events; re-enumeration, every period) and at least every 
 content differs from what the API server has, and each write bumps the pool generation.
 When the agent stops serving the node (its stop, as SIGTERM gives it) the slice is
 deleted, so kube-scheduler places no new claim on a node nobody prepares them for.
+
+Unhealthy devices are published tainted (``hami.dra.taints``). When the API server's answer
+to a write shows it dropped the taints (its DRADeviceTaints gate is off), the publisher says
+so once and from then on leaves unhealthy devices out of the slice, as before taints.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any, Protocol
 
 from hami import log
 from hami.backends.base import Backend, Device
-from hami.dra import migslices, names, poolsync, slices
+from hami.dra import migslices, names, poolsync, slices, taints
 from hami.dra.metrics import DRAMetrics
 
 _log = log.get(__name__)
@@ -77,6 +81,8 @@ class SlicePublisher:
         self.syncs = 0  # comparisons with the API server's slice
         self.writes = 0  # slices created or replaced (tests read it: no flapping)
         self.published = asyncio.Event()  # set once the slice matches the devices
+        # False once the API server dropped device taints: unhealthy devices then leave
+        self.taints_served = True
         self.pool_names: set[str] = set()  # MIG: the pool's slices (hami.dra.migslices)
         self.log = _log.bind(role="node", node=node, driver=names.driver_name(backend.type_word))
 
@@ -102,13 +108,15 @@ class SlicePublisher:
                 raise
             existing = None
         self.syncs += 1
-        body = slices.next_slice(self.node, self.backend, devices, existing)
+        body = slices.next_slice(
+            self.node, self.backend, devices, existing, with_taints=self.taints_served
+        )
         if body is None:
             return False
         if existing is None:
-            await self.kube.request("POST", SLICES_PATH, body=body)
+            stored = await self.kube.request("POST", SLICES_PATH, body=body)
         else:
-            await self.kube.request("PUT", self.path, body=body)
+            stored = await self.kube.request("PUT", self.path, body=body)
         self.writes += 1
         self.metrics.slice_writes.labels(self.driver).inc()
         self.log.info(
@@ -117,6 +125,15 @@ class SlicePublisher:
             generation=body["spec"]["pool"]["generation"],
             devices=len(body["spec"]["devices"]),
         )
+        if self.taints_served and taints.dropped(body["spec"], stored):
+            self.taints_served = False
+            self.log.warning(
+                "dra_device_taints_not_served",
+                slice=self.name,
+                why="kube-apiserver dropped the devices' taints (feature gate DRADeviceTaints "
+                "off); unhealthy devices leave the slice instead until the agent restarts",
+            )
+            await self.sync_once(devices)  # take the tainted devices out at once
         return True
 
     async def _sync_pool(self, devices: list[Device]) -> bool:

@@ -1,9 +1,10 @@
 """ResourceSlice and DeviceClass bodies for one backend on one node. Pure.
 
 One pool per node and driver (pool name = node name), one slice holding it, one device per
-healthy physical device. Each device is shared (``allowMultipleAllocations``) through three
-consumable capacities, so kube-scheduler itself keeps the sum of the claims on a device
-within it:
+physical device; an unhealthy one carries the ``hami.io/unhealthy`` device taint
+(``taints``), or, where the API server does not serve taints, is left out. Each device is
+shared (``allowMultipleAllocations``) through three consumable capacities, so
+kube-scheduler itself keeps the sum of the claims on a device within it:
 
 - ``memory``: the device memory as the node registers it (``memory_scaling`` applied), in
   MiB steps; a request that names no memory takes the whole device (HAMi's rule: a count
@@ -22,7 +23,7 @@ from typing import Any
 
 from hami.backends.base import Backend, Device
 from hami.core.requests import parse_quantity
-from hami.dra import names
+from hami.dra import names, taints
 from hami.dra.attributes import detail_attributes
 
 API_VERSION = "resource.k8s.io/v1"
@@ -39,12 +40,12 @@ def _attr_int(value: int) -> JSON:
 
 
 def device_entry(backend: Backend, device: Device) -> JSON:
-    """One device of the slice, from its registered (scaled) form."""
+    """One device of the slice, from its registered (scaled) form, with its taints."""
     (node_device,) = backend.to_node_devices([device])
     memory = node_device.memory
     cores = node_device.cores
     default_cores = min(backend.default_cores, cores, MAX_CORES)
-    return {
+    entry: JSON = {
         "name": names.device_name(backend.type_word, device.index),
         "attributes": {
             "uuid": _attr_str(device.uuid),
@@ -78,22 +79,40 @@ def device_entry(backend: Backend, device: Device) -> JSON:
         },
         "allowMultipleAllocations": True,
     }
+    device_taints = taints.device_taints(device)
+    if device_taints:
+        entry["taints"] = device_taints
+    return entry
 
 
-def slice_spec(node: str, backend: Backend, devices: Sequence[Device], generation: int) -> JSON:
-    """The slice's spec: healthy devices only (an unhealthy one leaves the slice, so no new
-    claim is placed on it; claims already prepared keep running)."""
-    healthy = [d for d in sorted(devices, key=lambda d: d.index) if d.healthy]
+def slice_spec(
+    node: str,
+    backend: Backend,
+    devices: Sequence[Device],
+    generation: int,
+    *,
+    with_taints: bool = True,
+) -> JSON:
+    """The slice's spec. An unhealthy device is tainted (no new claim is placed on it;
+    claims already prepared keep running); ``with_taints=False`` (an API server that drops
+    taints) leaves it out of the slice instead, to the same effect."""
+    ordered = sorted(devices, key=lambda d: d.index)
+    shown = ordered if with_taints else [d for d in ordered if d.healthy]
     return {
         "driver": names.driver_name(backend.type_word),
         "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
         "nodeName": node,
-        "devices": [device_entry(backend, d) for d in healthy],
+        "devices": [device_entry(backend, d) for d in shown],
     }
 
 
 def resource_slice(
-    node: str, backend: Backend, devices: Sequence[Device], generation: int = 0
+    node: str,
+    backend: Backend,
+    devices: Sequence[Device],
+    generation: int = 0,
+    *,
+    with_taints: bool = True,
 ) -> JSON:
     return {
         "apiVersion": API_VERSION,
@@ -102,7 +121,7 @@ def resource_slice(
             "name": names.slice_name(node, backend.type_word),
             "labels": {"app.kubernetes.io/managed-by": "hami", "hami.io/node": node},
         },
-        "spec": slice_spec(node, backend, devices, generation),
+        "spec": slice_spec(node, backend, devices, generation, with_taints=with_taints),
     }
 
 
@@ -142,23 +161,35 @@ def _comparable(spec: Mapping[str, Any]) -> Any:
     pool.pop("generation", None)
     out["pool"] = pool
     out["devices"] = [
-        {**d, "capacity": _quantities(d.get("capacity") or {})} for d in out.get("devices") or []
+        {**taints.without_times(d), "capacity": _quantities(d.get("capacity") or {})}
+        if isinstance(d, Mapping)
+        else d
+        for d in out.get("devices") or []
     ]
     return out
 
 
 def next_slice(
-    node: str, backend: Backend, devices: Sequence[Device], existing: Mapping[str, Any] | None
+    node: str,
+    backend: Backend,
+    devices: Sequence[Device],
+    existing: Mapping[str, Any] | None,
+    *,
+    with_taints: bool = True,
 ) -> JSON | None:
     """What to write: None when ``existing`` (the slice as the API server has it) already
     says what the devices say, else the desired slice with the pool generation bumped past
-    the existing one (a fresh slice starts at 0). Quantities compare by value."""
-    desired = resource_slice(node, backend, devices, 0)
+    the existing one (a fresh slice starts at 0). Quantities compare by value, taints
+    without the time the server stamps on them (kept on a rewrite)."""
+    desired = resource_slice(node, backend, devices, 0, with_taints=with_taints)
     if existing is None:
         return desired
     old_spec = existing.get("spec") or {}
     if _comparable(old_spec) == _comparable(desired["spec"]):
         return None
+    old_devices = old_spec.get("devices")
+    if isinstance(old_devices, list):
+        taints.keep_times(desired["spec"]["devices"], old_devices)
     old_generation = (old_spec.get("pool") or {}).get("generation")
     generation = old_generation + 1 if isinstance(old_generation, int) else 1
     desired["spec"]["pool"]["generation"] = generation

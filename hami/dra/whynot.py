@@ -17,6 +17,7 @@ import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from hami.dra import taints
 from hami.dra.claimasks import Pinned, Toleration, Want, Wanted
 from hami.dra.devicepicture import DeviceView, Held, Taint
 
@@ -67,7 +68,11 @@ def blocked(want: Want, device: DeviceView, held: Held) -> str | None:
     """Why ``want`` can never use ``device`` as it is now (None: it may, room allowing)."""
     for taint in device.taints:
         if taint.effect in BLOCKING and not tolerated(want.tolerations, taint):
-            return f"{device.label} has the taint {taint}, which {want.label} does not tolerate"
+            meaning = taints.describe(taint.key, taint.value)
+            why = f" ({meaning})" if meaning else ""
+            return (
+                f"{device.label} has the taint {taint}{why}, which {want.label} does not tolerate"
+            )
     model = device.model.lower()
     if want.use_models and not any(m in model for m in want.use_models):
         words = " or ".join(repr(m) for m in want.use_models)

@@ -68,10 +68,12 @@ class DeviceState:
         self._loop = asyncio.get_running_loop()
 
     def _recompute(self) -> bool:
-        devices = [
-            dataclasses.replace(d, healthy=d.healthy and self._events.get(d.uuid, True))
-            for d in self._enumerated
-        ]
+        devices = []
+        for d in self._enumerated:
+            healthy = d.healthy and self._events.get(d.uuid, True)
+            # the cause is enumeration's (an event says only healthy or not); none when healthy
+            reason = d.unhealthy_reason if not healthy else ""
+            devices.append(dataclasses.replace(d, healthy=healthy, unhealthy_reason=reason))
         if devices == self._devices:
             return False
         self._devices = devices
