@@ -212,7 +212,8 @@ def test_unhealthy_gpus_and_plain_devices() -> None:
     plain = Device("GPU-plain", 2, "NVIDIA-T4", 15360)
     bodies = migslices.pool_slices("n", backend(), [sick, well, plain])
     devs = [d["name"] for b in bodies for d in b["spec"].get("devices", [])]
-    assert devs == ["nvidia-1-mig-3g-40gb-0", "nvidia-1-mig-3g-40gb-4", "nvidia-2"]
+    # Go HAMi's order: a 3g from the highest start first (kube-scheduler takes the first free)
+    assert devs == ["nvidia-1-mig-3g-40gb-4", "nvidia-1-mig-3g-40gb-0", "nvidia-2"]
     sets = [s["name"] for b in bodies for s in b["spec"].get("sharedCounters", [])]
     assert sets == ["nvidia-1-mig"]
 
