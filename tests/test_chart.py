@@ -891,6 +891,68 @@ async def test_dra_node_agent_rbac_and_policy_let_it_write_only_its_nodes_slices
                 await kube.request("DELETE", path)
 
 
+async def test_scheduler_rbac_covers_the_webhooks_dra_path(
+    controlplane: Any, kube: Kube, namespace: str
+) -> None:
+    """The default rendering's scheduler role, applied for real: as its service account
+    the webhook's DRA path does every request it makes (read a Namespace's labels, list
+    hami's slices by driver, create a ResourceClaimTemplate) and no more on templates and
+    claims (docs/dra.md "Unchanged HAMi pods")."""
+    suffix = os.urandom(3).hex()
+    release = f"hami-{suffix}"
+    docs = render(release=release, namespace=namespace)
+    wanted = {
+        ("ServiceAccount", f"{release}-scheduler"),
+        ("ClusterRole", f"{release}-scheduler"),
+        ("ClusterRoleBinding", f"{release}-scheduler"),
+    }
+    objs = [d for d in docs if (d["kind"], d["metadata"]["name"]) in wanted]
+    assert len(objs) == len(wanted)
+    user = f"system:serviceaccount:{namespace}:{release}-scheduler"
+    templates = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates"
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": f"hami-{suffix}"},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "c", "exactly": {"deviceClassName": "nvidia.hami.io"}}]
+                }
+            }
+        },
+    }
+    try:
+        for doc in objs:
+            await apply(kube, doc)
+        async with aiohttp.ClientSession() as session:
+            role = As(controlplane, session, user, "")
+            role.headers = [h for h in role.headers if "hami-system" not in h[1]] + [
+                ("Impersonate-Group", f"system:serviceaccounts:{namespace}")
+            ]
+            answer: tuple[int, str] = (0, "")
+            async with asyncio.timeout(30):  # the binding reaches the authorizer shortly
+                while answer[0] != 200:
+                    answer = await role.send("GET", f"/api/v1/namespaces/{namespace}")
+                    await asyncio.sleep(0.2)
+            query = "?fieldSelector=spec.driver%3Dnvidia.hami.io&limit=500"
+            allowed(await role.send("GET", f"{SLICES}{query}"))
+            allowed(await role.send("POST", templates, template, JSON_BODY))
+            # nothing more than the webhook needs on templates and claims
+            denied(await role.send("DELETE", f"{templates}/hami-{suffix}"))
+            denied(await role.send("GET", f"{templates}/hami-{suffix}"))
+            claims = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+            denied(await role.send("POST", claims, {**template, "kind": "ResourceClaim"}))
+            denied(await role.send("PATCH", f"/api/v1/namespaces/{namespace}", {"metadata": {}}))
+    finally:
+        for doc in objs:
+            if doc["kind"] != "ServiceAccount":
+                with contextlib.suppress(KubeError):
+                    await kube.request("DELETE", object_path(doc))
+        with contextlib.suppress(KubeError):
+            await kube.request("DELETE", f"{templates}/hami-{suffix}")
+
+
 async def test_extra_decision_writers_may_write_decisions_others_still_may_not(
     controlplane: Any, kube: Kube, namespace: str
 ) -> None:
