@@ -48,7 +48,9 @@ def container(name: str = "c", **limits: str) -> dict[str, Any]:
 
 
 def convert(p: dict[str, Any], sizes: dict[str, list[int]] | None = None) -> dramutate.Conversion:
-    return dramutate.convert(p, KINDS, "hami-scheduler", sizes=sizes)
+    out = dramutate.convert(p, KINDS, "hami-scheduler", sizes=sizes)
+    assert out is not None, "the pod asks for a device"
+    return out
 
 
 def requests_of(conversion: dramutate.Conversion) -> list[dict[str, Any]]:
@@ -229,6 +231,7 @@ def test_two_types_name_requests_by_type() -> None:
     c = container("c", gpu="1", gpumem="100")
     c["resources"]["limits"]["cambricon.com/vmlu"] = "1"
     out = dramutate.convert(pod(c), [*KINDS, MLU], "hami-scheduler")
+    assert out is not None
     assert [r["name"] for r in requests_of(out)] == ["c-nvidia", "c-mlu"]
     assert [r["exactly"]["deviceClassName"] for r in requests_of(out)] == [
         DRIVER,
@@ -326,11 +329,20 @@ def _all_backends() -> config.Config:
     ),
 )
 def test_junk_never_crashes(limits: dict[str, Any], annotations: dict[str, str]) -> None:
+    """Any limits and selector annotations: refused naming the pod, or a patch that leaves
+    no HAMi resource in the container and names a request of the template."""
     p = pod({"name": "c", "resources": {"limits": limits}}, annotations=annotations)
     try:
-        convert(p, {"nvidia": [1000]})
+        out = dramutate.convert(p, KINDS, "hami-scheduler", sizes={"nvidia": [1000]})
     except (RequestError, PodDenied) as exc:
         assert "ns/p" in str(exc)
+        return
+    if out is None:
+        return  # no device after all: the extender path's answer
+    resources = apply_patch(p, out.ops)["spec"]["containers"][0]["resources"]
+    assert not any(k.startswith("nvidia.com/") for k in resources.get("limits", {}))
+    (request,) = requests_of(out)
+    assert resources["claims"] == [{"name": "hami", "request": request["name"]}]
 
 
 # ---------------------------------------------------------------- the namespace rule
@@ -451,6 +463,20 @@ async def test_admission_refusals_name_pod_and_fix() -> None:
     answer = await hook.review(review_body(pod(container(gpu="1", gpumem="7"))))
     assert answer["response"]["allowed"] is False
     assert "cannot create ResourceClaimTemplate ns/hami-" in answer["response"]["status"]["message"]
+
+
+def test_a_count_of_zero_or_a_priority_alone_is_no_claim() -> None:
+    assert dramutate.convert(pod(container(gpu="0")), KINDS, "s") is None
+    assert dramutate.convert(pod(container(priority="1")), KINDS, "s") is None
+
+
+async def test_admission_gives_a_pod_without_a_device_the_extender_answer() -> None:
+    kube = FakeKube({"ns": {"hami.io/device-mode": "dra"}})
+    hook = admission(kube)
+    answer = await hook.review(review_body(pod(container(gpu="0"))))
+    assert answer["response"]["allowed"] is True
+    assert not any("resourceClaims" in op["path"] for op in ops_of(answer))
+    assert kube.created == []
 
 
 async def test_admission_leaves_pods_without_devices_alone() -> None:

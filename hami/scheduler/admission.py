@@ -93,14 +93,16 @@ class Admission:
                 f"mode (label hami.io/device-mode): {exc}; retry"
             )
             return _answer(body, _deny(response, 500, "InternalError", message))
-        if mode != DRA:
+        if mode != DRA or not await self._dra(
+            response, pod, namespace, bool(request.get("dryRun"))
+        ):
             return self.extender_review(body)
-        await self._dra(response, pod, namespace, bool(request.get("dryRun")))
         return _answer(body, response)
 
     async def _dra(
         self, response: dict[str, Any], pod: Mapping[str, Any], namespace: str, dry_run: bool
-    ) -> None:
+    ) -> bool:
+        """Fill ``response`` for a DRA-mode pod; False when it asks no device after all."""
         try:
             types = dramutate.percent_types(pod, self.kinds)
             sizes = {t: await self._sizes(t) for t in sorted(types)}
@@ -109,14 +111,16 @@ class Admission:
             )
         except RequestError as exc:
             _deny(response, 400, "BadRequest", str(exc))
-            return
+            return True
         except PodDenied as exc:
             _deny(response, 403, "Forbidden", str(exc))
-            return
+            return True
         except (KubeError, Unreachable) as exc:
             message = f"pod {pod_ref(pod)}: cannot read hami's ResourceSlices: {exc}; retry"
             _deny(response, 500, "InternalError", message)
-            return
+            return True
+        if conversion is None:
+            return False
         if not dry_run:
             try:
                 await self._ensure_template(namespace, conversion.template)
@@ -126,7 +130,7 @@ class Admission:
                     f"{namespace}/{conversion.template_name} for its devices: {exc}; retry"
                 )
                 _deny(response, 500, "InternalError", message)
-                return
+                return True
         warnings = list(conversion.warnings)
         forged = forged_keys(pod, self.kinds)
         if forged:
@@ -144,6 +148,7 @@ class Admission:
             template=conversion.template_name,
             dry_run=dry_run,
         )
+        return True
 
     async def _namespace_labels(self, namespace: str) -> Mapping[str, str]:
         now = self._clock()

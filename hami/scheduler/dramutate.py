@@ -325,14 +325,16 @@ def convert(
     scheduler_name: str,
     runtime_class: str = "",
     sizes: Mapping[str, Sequence[int]] | None = None,
-) -> Conversion:
+) -> Conversion | None:
     """The template and pod patch for a device pod hami schedules (the caller checked
     ``webhook.for_hami``); ``sizes`` are the device sizes (MiB) each type's slices publish,
-    needed only for ``percent_types``. Raises RequestError, Unsupported or PodDenied."""
+    needed only for ``percent_types``; None when the pod asks no device after all (a count
+    of 0, only a priority), which the extender path answers. Raises RequestError,
+    Unsupported or PodDenied."""
     check_placement(pod, kinds)
     parsed = parse_pod(pod, kinds)  # the extender's checks, and the selectors
     if parsed is None:
-        raise RequestError(f"pod {pod_ref(pod)} asks for no device")
+        return None  # a count of 0 or only a priority: no device, nothing to claim
     _check_pod(pod, parsed, kinds)
     by_type = {kind.type_word: kind for kind in kinds}
     per_container = container_requests(pod, kinds)
