@@ -154,8 +154,22 @@ async def test_mixed_profiles_fill_the_gpu_and_instances_match(
     assert phase_of(await cluster.get_pod("waits")) == "Pending"
     assert len(nvml.live(0)) == 4
 
-    # the 2g pod goes: its instance is destroyed on unprepare and the waiting 1g lands in
-    # the freed slices
+    # an agent restart (a new backend object: only the ledger file and the checkpoint carry
+    # over) republishes the pool and keeps every instance
+    before = nvml.live(0)
+    await node.stop_agent()
+    assert node.kubelet is not None
+    kubelet_dra = node.kubelet.dra
+    assert kubelet_dra is not None
+    await node.kubelet.wait_for(lambda: "nvidia.hami.io" not in kubelet_dra.plugins, 30)
+    restarted = mig_backend(nvml, node.dir)
+    node.backend = restarted
+    await node.start_agent()
+    assert nvml.live(0) == before
+    assert len(restarted.mig.ledger) == 4  # read back from the file
+
+    # the 2g pod goes: the restarted agent destroys its instance on unprepare and the
+    # waiting 1g lands in the freed slices
     freed = parts[placed["m1"]].placement
     await cluster.delete_pod("m1")
     pod = await cluster.wait_pod("waits", timeout=60)
@@ -173,6 +187,4 @@ async def test_mixed_profiles_fill_the_gpu_and_instances_match(
         return not allocated and not nvml.live(0)
 
     await poll(freed_all, 60, "claims deallocated and every MIG instance destroyed")
-    backend = node.backend
-    assert isinstance(backend, NvidiaBackend)
-    assert len(backend.mig.ledger) == 0
+    assert len(restarted.mig.ledger) == 0
