@@ -115,6 +115,13 @@ async def test_mixed_profiles_fill_the_gpu_and_instances_match(
     )
     (counter_set,) = stored["spec"]["sharedCounters"]
     assert sorted(counter_set["counters"]) == [f"memory-slice-{i}" for i in range(8)]
+    devices = await cluster.kube.request(
+        "GET", f"/apis/resource.k8s.io/v1/resourceslices/{NODE}-nvidia-hami-io"
+    )
+    published = [d["attributes"]["migProfile"]["string"] for d in devices["spec"]["devices"]]
+    # only the allow-list's profiles (not 1g.5gb+me or 1g.10gb), each at every placement
+    assert sorted(set(published)) == sorted(PROFILES)
+    assert len(published) == 7 + 3 + 2 + 1 + 1
 
     # 3g + 2g + 1g + 1g take all 8 memory slices (Go's order of placements puts the 3g at
     # slice 4, so the 1g ones still find room); one more 1g has none
