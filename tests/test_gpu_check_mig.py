@@ -2,9 +2,11 @@
 backend reads against ``nvidia-smi mig -lgip`` / ``-lgipp``, reading only.
 
 The nvidia-smi texts are NVIDIA's MIG user guide's A100-SXM4-40GB examples ("Getting Started
-with MIG": listing GPU instance profiles and their possible placements), transcribed; no
-real MIG GPU was at hand to record them, so the parsers are written to the columns, not to
-exact spacing."""
+with MIG": listing GPU instance profiles and their possible placements). They were checked
+line for line against copies of the guide's output published in public repositories (the
+same table layout, profile ids, placements and memory column); no real MIG GPU was at hand
+to record them, and the memory column differs by driver (9.62 or 9.75 GiB for 1g.10gb), so
+the parsers are written to the columns, not to exact spacing."""
 
 from __future__ import annotations
 
