@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from hami import cli
-from hami.demo.cli import UNFIT, run_demo, samples
+from hami.demo.cli import run_demo
 from hami.demo.placement import HEADER
+from hami.demo.samples import UNFIT, samples
 from hami.testkit.controlplane import ControlPlane
 
 MIG_PODS = ("mig-small", "mig-large")

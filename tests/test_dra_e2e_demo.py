@@ -1,63 +1,85 @@
-"""``hami demo --mode dra``: the same sample workloads as the extender mode, placed by
-kube-scheduler alone, with the same HAMi-core limits per container."""
+"""``hami demo --mode dra``: the extender demo's HAMi-core pods, submitted unchanged, turned
+into claims by hami's webhook and placed by kube-scheduler alone; the table has the
+extender demo's columns and each row what the pod's spec asks, read from the allocated
+claim; the pod that cannot fit gets ``hami explain``'s answer for claims."""
 
 from __future__ import annotations
 
 import io
+import re
+
+from test_demo import parse_table
 
 from hami import cli
 from hami.demo.cli import run_demo
-from hami.demo.dra import UNFIT, samples
+from hami.demo.dra import left_out
+from hami.demo.placement import HEADER
+from hami.demo.samples import UNFIT, hami_core_samples, samples
+from hami.testkit.cluster import DEMO_NODES
 from hami.testkit.controlplane import ControlPlane
 
 MODEL_MIB = {"A100-SXM4-40GB": 40960, "Tesla V100-PCIE-32GB": 32768, "Tesla T4": 15360}
+#: what each container of the unchanged specs asks: (row label, memory MiB, cores %); a
+#: count without memory is the whole device (cores 100, as the extender webhook writes
+#: it); None: 50 % of whichever model the pod got
+EXPECTED: dict[str, list[tuple[str, int | None, int]]] = {
+    "train-a100": [("train-a100", 40960, 100)],
+    "infer-small": [("infer-small", 3000, 0)],
+    "infer-half": [("infer-half", None, 30)],
+    "multi-gpu": [("multi-gpu", 8000, 50), ("multi-gpu", 8000, 50)],
+    "sidecars": [("sidecars/c0", 4000, 0), ("sidecars/c1", 2000, 0)],
+    "with-init": [("with-init/init0 (init)", 2000, 0), ("with-init/c0", 6000, 0)],
+    "on-v100": [("on-v100", 10000, 25)],
+    "spread-me": [("spread-me", 2000, 0)],
+}
 
 
-def _rows(text: str) -> dict[str, list[tuple[str, int, int]]]:
-    """pod -> (model, memory, cores) per device line of the placement table."""
+def test_the_dra_demo_submits_the_extender_demos_pod_specs() -> None:
+    extender = {s.name: s.pod for s in samples()}
+    core = hami_core_samples()
+    assert all(extender[s.name] == s.pod for s in core)
+    assert sorted([*(s.name for s in core), *(s.name for s in left_out())]) == sorted(extender)
+    assert sorted(EXPECTED) == sorted(s.name for s in core if s.name != UNFIT)
+
+
+async def test_dra_demo_prints_the_extender_table_from_claims(controlplane: ControlPlane) -> None:
+    out = io.StringIO()
+    assert await run_demo(out, plane=controlplane, timeout=60, mode="dra") == 0
+    text = out.getvalue()
     lines = text.splitlines()
-    header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["POD", "REQUEST"])
-    cols = lines[header]
-    # the extender table has a SHARED AS column after the cores, the DRA one does not
-    after = "SHARED AS" if "SHARED AS" in cols else "STATUS"
-    starts = [cols.index(c) for c in ("MODEL", "MEMORY MiB", "CORES %", after)]
-    out: dict[str, list[tuple[str, int, int]]] = {}
-    for line in lines[header + 1 :]:
-        if not line.strip():
-            break
-        pod = line.split()[0].split("/")[0]
-        model = line[starts[0] : starts[1]].strip()
-        memory, cores = line[starts[1] : starts[2]].strip(), line[starts[2] : starts[3]].strip()
-        if memory == "-":
-            out.setdefault(pod, [])
-            continue
-        out.setdefault(pod, []).append((model, int(memory), int(cores)))
-    return out
+    header = next(line for line in lines if line.split()[:2] == ["POD", "REQUEST"])
+    assert re.split(r"\s{2,}", header.strip()) == HEADER  # the extender demo's columns
+    rows = parse_table(lines)
+    assert sorted(rows) == sorted([*EXPECTED, UNFIT])
+    nodes = {spec.name for spec in DEMO_NODES}
+    for name, expected in EXPECTED.items():
+        got = rows[name]
+        assert [r["POD"] for r in got] == [label for label, _, _ in expected], got
+        for row, (_, memory, cores) in zip(got, expected, strict=True):
+            assert row["STATUS"] == "Running" and row["NODE"] in nodes, row
+            assert row["SHARED AS"] == "HAMi-core", row
+            assert re.fullmatch(r"GPU-\w+-[0-2]-\d", row["DEVICE"]), row
+            want = MODEL_MIB[row["MODEL"]] // 2 if memory is None else memory
+            assert (int(row["MEMORY MiB"]), int(row["CORES %"])) == (want, cores), row
+    # the selectors held, and two GPUs are two devices
+    assert rows["train-a100"][0]["MODEL"] == "A100-SXM4-40GB"
+    assert rows["on-v100"][0]["MODEL"] == "Tesla V100-PCIE-32GB"
+    assert len({r["DEVICE"] for r in rows["multi-gpu"]}) == 2
+    (unfit,) = rows[UNFIT]
+    assert unfit["STATUS"] == "Pending" and unfit["NODE"] == "-"
 
-
-async def test_dra_demo_gives_the_extender_modes_limits(controlplane: ControlPlane) -> None:
-    dra_out, ext_out = io.StringIO(), io.StringIO()
-    assert await run_demo(dra_out, plane=controlplane, timeout=60, mode="dra") == 0
-    assert await run_demo(ext_out, plane=controlplane, timeout=60) == 0
-    dra_text = dra_out.getvalue()
-    assert "placed by kube-scheduler alone (DRA)" in dra_text
-    dra, ext = _rows(dra_text), _rows(ext_out.getvalue())
-    assert sorted(dra) == sorted(s.name for s in samples())
-    assert dra[UNFIT] == [] and f"{UNFIT} is Pending" in dra_text
-    assert "cannot allocate all claims" in dra_text
-    for name, devices in dra.items():
-        if name == UNFIT:
-            continue
-        assert devices, f"{name} has no device in the DRA table"
-        if name == "infer-half":  # 50 % of whichever model it got, in both modes
-            for rows in (devices, ext[name]):
-                assert [(m, c) for m, _, c in rows] == [(rows[0][0], 30)]
-                assert rows[0][1] == MODEL_MIB[rows[0][0]] // 2
-            continue
-        limits = sorted((m, c) for _, m, c in devices)
-        assert limits == sorted((m, c) for _, m, c in ext[name]), name
-        if name in ("train-a100", "on-v100"):  # the model selector held
-            assert {m for m, _, _ in devices} == {m for m, _, _ in ext[name]}
+    for sample in left_out():  # MIG and Ascend: said, not silently dropped
+        assert any(line.startswith(f"not submitted: {sample.name} ") for line in lines)
+    assert f"{UNFIT} is Pending: 0/3 nodes are available: 3 cannot allocate all claims" in text
+    # hami explain for claims: the request, then every node with each device's shortfall
+    found = [i for i, line in enumerate(lines) if line.startswith("hami explain (claims):")]
+    assert found, f"no hami explain answer for {UNFIT}:\n{text}"
+    at = found[0]
+    assert re.search(r"waits on claim too-big-hami-\w+ request 'c0'", lines[at]), lines[at]
+    for node in sorted(nodes):
+        (line,) = [x for x in lines[at + 1 :] if x.startswith(f"  {node}: ")]
+        assert re.search(r"GPU-\w+-\d-0 has \d+ MiB in all, .* asks 64000 MiB", line), line
+    assert "shutting down" in text and text.rstrip().endswith("done")
 
 
 def test_demo_mode_flag() -> None:

@@ -10,8 +10,8 @@ node side, so a pod bound there is never started). Then it submits a mix of devi
 waits for them, prints where each landed and how its device is shared, and why the one that
 cannot fit stays Pending, and shuts everything down (``--keep``: keeps it running until
 Ctrl-C and prints the kubeconfig).
-``--mode dra`` runs the same workloads through Dynamic Resource Allocation instead
-(hami.demo.dra): kube-scheduler alone places them, no extender.
+``--mode dra`` submits the same HAMi-core pods, unchanged, to a DRA-mode cluster instead
+(hami.demo.dra): hami's webhook turns them into claims, kube-scheduler alone places them.
 """
 
 from __future__ import annotations
@@ -25,12 +25,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from hami import log
 from hami.demo.placement import placement_rows, table
+from hami.demo.samples import UNFIT as UNFIT
+from hami.demo.samples import samples
 from hami.testkit.ascend_node import AscendNodeSpec
 from hami.testkit.cluster import (
     DEMO_ASCEND_NODE,
@@ -39,119 +40,14 @@ from hami.testkit.cluster import (
     LocalCluster,
     NodeSpec,
     Timing,
-    gpu_pod,
-    limits,
     phase_of,
     poll,
 )
 from hami.testkit.controlplane import FIX_HINT, ControlPlane, ControlPlaneError, find_binaries
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "tests" / "controlplane" / "build.sh"
-UNFIT = "too-big"
 #: the extender demo's nodes: HAMi-core ones and the MIG one
 EXTENDER_NODES: tuple[NodeSpec, ...] = (*DEMO_NODES, DEMO_MIG_NODE)
-#: pods that ask for HAMi-core say so, which keeps them off the MIG GPU (a pod without
-#: ``nvidia.com/vgpu-mode`` may take any GPU, as in Go HAMi: there, a MIG instance)
-HAMI_CORE = {"nvidia.com/vgpu-mode": "hami-core"}
-MIG = {"nvidia.com/vgpu-mode": "mig"}
-
-
-@dataclass(frozen=True)
-class Sample:
-    name: str
-    request: str  # what it asks for, in words
-    pod: dict[str, Any]
-    started: bool = True  # False: on a node nothing starts pods on (the Ascend stand-in)
-
-
-def _hami_core(sample: Sample) -> Sample:
-    metadata = sample.pod["metadata"]
-    metadata["annotations"] = {**HAMI_CORE, **metadata.get("annotations", {})}
-    return sample
-
-
-def ascend_pod(name: str, word: str, memory: int) -> dict[str, Any]:
-    """A pod asking for one vNPU of ``memory`` MiB of an Ascend ``word``."""
-    return gpu_pod(name, [{f"huawei.com/{word}": "1", f"huawei.com/{word}-memory": str(memory)}])
-
-
-def samples() -> list[Sample]:
-    """The demo's workloads: every HAMi-core request shape, a selector, MIG instances, an
-    Ascend vNPU and one that cannot fit."""
-    word = DEMO_ASCEND_NODE.word
-    return [
-        *(_hami_core(s) for s in _hami_core_samples()),
-        Sample(
-            "mig-small",
-            "4000 MiB on MIG (vgpu-mode: mig)",
-            gpu_pod("mig-small", [limits(1, mem=4000)], annotations=MIG),
-        ),
-        Sample(
-            "mig-large",
-            "18000 MiB on MIG (vgpu-mode: mig)",
-            gpu_pod("mig-large", [limits(1, mem=18000)], annotations=MIG),
-        ),
-        Sample(
-            "npu-vnpu",
-            f"20000 MiB of an {word}",
-            ascend_pod("npu-vnpu", word, 20000),
-            started=False,
-        ),
-        _hami_core(
-            Sample(
-                UNFIT, "64000 MiB (no GPU is that large)", gpu_pod(UNFIT, [limits(1, mem=64000)])
-            )
-        ),
-    ]
-
-
-def _hami_core_samples() -> list[Sample]:
-    return [
-        Sample(
-            "train-a100",
-            "1 whole A100",
-            gpu_pod("train-a100", [limits(1)], annotations={"nvidia.com/use-gputype": "A100"}),
-        ),
-        Sample("infer-small", "3000 MiB", gpu_pod("infer-small", [limits(1, mem=3000)])),
-        Sample(
-            "infer-half",
-            "50% memory, 30% cores",
-            gpu_pod("infer-half", [limits(1, pct=50, cores=30)]),
-        ),
-        Sample(
-            "multi-gpu",
-            "2 GPUs x 8000 MiB, 50% cores",
-            gpu_pod("multi-gpu", [limits(2, mem=8000, cores=50)]),
-        ),
-        Sample(
-            "sidecars",
-            "2 containers: 4000 + 2000 MiB",
-            gpu_pod("sidecars", [limits(1, mem=4000), limits(1, mem=2000)]),
-        ),
-        Sample(
-            "with-init",
-            "init 2000 MiB, then 6000 MiB",
-            gpu_pod("with-init", [limits(1, mem=6000)], init=[limits(1, mem=2000)]),
-        ),
-        Sample(
-            "on-v100",
-            "10000 MiB on a V100 (use-gputype)",
-            gpu_pod(
-                "on-v100",
-                [limits(1, mem=10000, cores=25)],
-                annotations={"nvidia.com/use-gputype": "V100"},
-            ),
-        ),
-        Sample(
-            "spread-me",
-            "2000 MiB, node policy spread",
-            gpu_pod(
-                "spread-me",
-                [limits(1, mem=2000)],
-                annotations={"hami.io/node-scheduler-policy": "spread"},
-            ),
-        ),
-    ]
 
 
 # --------------------------------------------------------------------------- output
@@ -191,7 +87,6 @@ async def run_demo(
         return await run_dra_demo(
             out,
             say,
-            table,
             plane=plane,
             nodes=DEMO_NODES if nodes is None else nodes,
             timeout=timeout,

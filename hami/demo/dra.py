@@ -1,117 +1,41 @@
-"""``hami demo --mode dra``: the same sample workloads, placed by kube-scheduler alone.
+"""``hami demo --mode dra``: the extender demo's HAMi-core pods, unchanged, placed by
+kube-scheduler alone.
 
-The node agents publish ResourceSlices (fake backend in ``mode: dra``), the pods name
-ResourceClaimTemplates instead of ``nvidia.com/*`` limits, kube-scheduler's DynamicResources
-plugin allocates slices of shared devices (consumable capacity), and each kubelet emulator
-prepares the claims through its node's DRA plugin. The table shows what every container
-gets from the CDI spec: the HAMi-core limits the extender mode gives the same request.
+The node agents publish ResourceSlices (fake backend in ``mode: dra``); hami's webhook turns
+each pod's ``nvidia.com/*`` limits into a ResourceClaimTemplate with one request per
+container (docs/dra.md "Unchanged HAMi pods"); kube-scheduler's DynamicResources plugin
+allocates slices of shared devices (consumable capacity) and each kubelet emulator prepares
+the claims through its node's DRA plugin. The table is the extender demo's, read from the
+allocated claims; the pod that cannot fit gets ``hami explain``'s answer for claims.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+import copy
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TextIO
 
+from hami.demo import claimrows
+from hami.demo.placement import table
+from hami.demo.samples import UNFIT, Sample, hami_core_samples, samples
+from hami.scheduler import draexplain
 from hami.testkit.cluster import DEMO_NODES, LocalCluster, NodeSpec, Timing, phase_of, poll
 from hami.testkit.controlplane import ControlPlane
-from hami.testkit.dra_pods import claim_template, dra_pod, percent_template, templates_path
 
-UNFIT = "too-big"
-
-
-@dataclass(frozen=True)
-class DRASample:
-    name: str
-    request: str  # what it asks for, in words
-    templates: list[str]  # one per container
-    init: list[str] = field(default_factory=list)
-    note: str = ""  # how it differs from the extender mode's sample
+RESOURCE_API = "/apis/resource.k8s.io/v1"
+#: why the extender demo's other pods are not submitted here (one line each)
+LEFT_OUT = {
+    "mig-small": "nvidia.com/vgpu-mode: mig, which the webhook refuses in a DRA namespace "
+    "(its devices are hami-core); this demo has no DRA MIG node",
+    "mig-large": "nvidia.com/vgpu-mode: mig, as mig-small",
+    "npu-vnpu": "an Ascend vNPU: this project has no Ascend DRA driver",
+}
 
 
-def templates(nodes: Sequence[NodeSpec]) -> list[dict[str, Any]]:
-    """The ResourceClaimTemplates the samples use (docs/dra.md "Requests")."""
-    models = {str(g["model"]): int(g["memory"]) for n in nodes for g in n.devices}
-    return [
-        claim_template("whole-a100", model="A100"),
-        claim_template("mem-3000", mem=3000),
-        percent_template("half-mem-30-cores", models, 50, cores=30),
-        claim_template("two-x-8000", count=2, mem=8000, cores=50),
-        claim_template("mem-4000", mem=4000),
-        claim_template("mem-2000", mem=2000),
-        claim_template("mem-6000", mem=6000),
-        claim_template("v100-10000", mem=10000, cores=25, model="V100"),
-        claim_template("mem-64000", mem=64000),
-    ]
-
-
-def samples() -> list[DRASample]:
-    return [
-        DRASample("train-a100", "1 whole A100", ["whole-a100"]),
-        DRASample("infer-small", "3000 MiB", ["mem-3000"]),
-        DRASample(
-            "infer-half",
-            "50% memory, 30% cores",
-            ["half-mem-30-cores"],
-            note="50% as a per-model list (firstAvailable)",
-        ),
-        DRASample("multi-gpu", "2 GPUs x 8000 MiB, 50% cores", ["two-x-8000"]),
-        DRASample("sidecars", "2 containers: 4000 + 2000 MiB", ["mem-4000", "mem-2000"]),
-        DRASample(
-            "with-init",
-            "init 2000 MiB, then 6000 MiB",
-            ["mem-6000"],
-            init=["mem-2000"],
-            note="the init claim is held for the pod's life",
-        ),
-        DRASample("on-v100", "10000 MiB on a V100 (CEL selector)", ["v100-10000"]),
-        DRASample(
-            "spread-me",
-            "2000 MiB (no per-pod node policy in DRA)",
-            ["mem-2000"],
-            note="kube-scheduler's own scoring",
-        ),
-        DRASample(UNFIT, "64000 MiB (no GPU is that large)", ["mem-64000"]),
-    ]
-
-
-def _limits(env: Mapping[str, str]) -> list[tuple[str, str, str]]:
-    """(uuid, memory MiB, cores %) per device, from a container's HAMi-core environment."""
-    uuids = [u for u in env.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if u]
-    cores = env.get("CUDA_DEVICE_SM_LIMIT", "0")
-    out = []
-    for i, uuid in enumerate(uuids):
-        memory = re.sub(r"m$", "", env.get(f"CUDA_DEVICE_MEMORY_LIMIT_{i}", "?"))
-        out.append((uuid, memory, cores))
-    return out
-
-
-async def placement_rows(
-    cluster: LocalCluster, pods: Mapping[str, Mapping[str, Any]], order: Sequence[DRASample]
-) -> list[list[str]]:
-    rows = [["POD", "REQUEST", "NODE", "DEVICE", "MODEL", "MEMORY MiB", "CORES %", "STATUS"]]
-    for sample in order:
-        pod = pods[sample.name]
-        node = str((pod.get("spec") or {}).get("nodeName") or "-")
-        status = phase_of(pod)
-        lines: list[list[str]] = []
-        if node != "-" and status == "Running":
-            adm = await cluster.admission(pod)
-            names = [f"init{i}" for i in range(len(sample.init))]
-            names += [f"c{i}" for i in range(len(sample.templates))]
-            for cname in names:
-                for uuid, memory, cores in _limits(adm.envs.get(cname, {})):
-                    who = sample.name if len(names) == 1 else f"{sample.name}/{cname}"
-                    model = cluster.model_of(uuid).removeprefix("NVIDIA-")
-                    lines.append([who, sample.request, node, uuid, model, memory, cores, status])
-        if not lines:
-            lines.append([sample.name, sample.request, node, "-", "-", "-", "-", status])
-        for i, line in enumerate(lines):
-            if i:
-                line[1] = ""
-            rows.append(line)
-    return rows
+def left_out() -> list[Sample]:
+    """The extender demo's pods this mode does not submit."""
+    core = {s.name for s in hami_core_samples()}
+    return [s for s in samples() if s.name not in core]
 
 
 async def _failed_scheduling(cluster: LocalCluster, name: str, timeout: float) -> str:  # noqa: ASYNC109
@@ -129,48 +53,91 @@ async def _failed_scheduling(cluster: LocalCluster, name: str, timeout: float) -
     return found[-1]
 
 
+async def _claims(cluster: LocalCluster) -> dict[str, dict[str, Any]]:
+    path = f"{RESOURCE_API}/namespaces/{cluster.namespace}/resourceclaims"
+    items, _ = await cluster.kube.list_all(path)
+    return {str(c["metadata"]["name"]): c for c in items}
+
+
+async def _uuids(cluster: LocalCluster) -> dict[claimrows.DeviceKey, str]:
+    items, _ = await cluster.kube.list_all(f"{RESOURCE_API}/resourceslices")
+    return claimrows.slice_uuids(items)
+
+
+def explain_lines(answer: Mapping[str, Any] | None, nodes: Iterable[str]) -> list[str]:
+    """``hami explain``'s answer for claims, on ``nodes`` only (the shared API server may
+    hold other clusters' nodes): the requests it waits on, each node's reasons."""
+    if answer is None:
+        return ["hami explain: the pod names no claim of a hami DeviceClass"]
+    if answer.get("error"):
+        return [f"hami explain: {answer['error']}"]
+    lines = [f"hami explain (claims): waits on {'; '.join(answer.get('requests') or [])}"]
+    details: Mapping[str, Sequence[str]] = answer.get("details") or {}
+    verdicts: Mapping[str, str] = answer.get("nodes") or {}
+    for node in sorted(set(nodes) & set(verdicts)):
+        reasons = list(details.get(node) or [verdicts[node]])
+        lines.append(f"  {node}: {reasons[0]}")
+        lines.extend(f"  {' ' * len(node)}  {r}" for r in reasons[1:])
+    return lines
+
+
+def _unchanged(cluster: LocalCluster, sample: Sample) -> dict[str, Any]:
+    """The sample's pod as the extender demo submits it, plus the label the test kit's
+    webhook selects its own pods by (other tests share the API server)."""
+    pod = copy.deepcopy(sample.pod)
+    pod["metadata"]["labels"] = {**pod["metadata"].get("labels", {}), **cluster.node_selector}
+    return pod
+
+
 async def run_dra_demo(
     out: TextIO,
     say: Any,
-    table: Any,
     *,
     plane: ControlPlane | None = None,
     nodes: Sequence[NodeSpec] = DEMO_NODES,
     timeout: float = 60.0,  # noqa: ASYNC109
-    keep: Any = None,
+    keep: Callable[[], Awaitable[None]] | None = None,
 ) -> int:
-    work = samples()
+    work = hami_core_samples()
     async with LocalCluster(
-        nodes, plane=plane, timing=Timing(), progress=say, mode="dra"
+        nodes, plane=plane, timing=Timing(), progress=say, mode="dra", webhook=True
     ) as cluster:
-        say(f"creating {len(templates(nodes))} ResourceClaimTemplates in {cluster.namespace} ...")
-        for body in templates(nodes):
-            await cluster.kube.create(templates_path(cluster.namespace), body)
-        say(f"submitting {len(work)} sample pods (claims, no nvidia.com/* limits) ...")
+        say(
+            f"submitting {len(work)} sample pods unchanged (nvidia.com/* limits) to "
+            f"{cluster.namespace}; hami's webhook turns each into a claim ..."
+        )
         for sample in work:
-            await cluster.create_pod(dra_pod(sample.name, sample.templates, init=sample.init))
+            await cluster.create_pod(_unchanged(cluster, sample))
         fitting = [s.name for s in work if s.name != UNFIT]
         pods = await cluster.wait_running(fitting, timeout=timeout)
         say(f"{len(fitting)} pods started; waiting for kube-scheduler's verdict on {UNFIT} ...")
         reason = await _failed_scheduling(cluster, UNFIT, timeout)
         pods[UNFIT] = await cluster.get_pod(UNFIT)
+        claims, uuids = await _claims(cluster), await _uuids(cluster)
+        order = [(s.name, s.request) for s in work]
         say.raw()
-        say.raw("placed by kube-scheduler alone (DRA); limits as the containers get them (CDI):")
-        for line in table(await placement_rows(cluster, pods, work)):
+        say.raw("placed by kube-scheduler alone (DRA); each row is a device of the pod's claim:")
+        rows = claimrows.placement_rows(pods, order, claims, uuids, cluster.model_of)
+        for line in table(rows):
             say.raw("  " + line)
         say.raw()
-        for sample in work:
-            if sample.note:
-                say.raw(f"  {sample.name}: {sample.note}")
+        for sample in left_out():
+            say.raw(f"not submitted: {sample.name} asks for {LEFT_OUT.get(sample.name, '?')}")
         say.raw()
         say.raw(f"{UNFIT} is {phase_of(pods[UNFIT])}: {reason}")
+        answer = await draexplain.explain(cluster.kube, pods[UNFIT])
+        for line in explain_lines(answer, cluster.nodes):
+            say.raw(line)
         say.raw()
         if keep is not None:
+            from hami.demo.cli import explain_command
+
             say.raw(f"the cluster keeps running; kubeconfig: {cluster.kubeconfig}")
             say.raw(
                 f"  kubectl --kubeconfig {cluster.kubeconfig} -n {cluster.namespace} "
                 "get pods,resourceclaims"
             )
+            say.raw(f"  {explain_command(cluster.namespace, cluster.kubeconfig, cluster.port)}")
             say.raw("press Ctrl-C to stop it")
             await keep()
         say("shutting down ...")
