@@ -5,6 +5,8 @@ device plug-ins read.
 - Cambricon (Go 2.10's model): no register annotation at all; Cambricon's dynamic-sMLU plug-in
   advertises ``cambricon.com/mlu.smlu.vcore`` (100 per card) and ``mlu.smlu.vmemory``
   (256 MiB units) and kubelet puts them in status.capacity, which is all Go's scheduler reads.
+  A bind takes Go's ``cambricon.com/dsmlu.lock`` (an RFC 3339 time), which the plug-in
+  removes after Allocate with a JSON patch; the test does that removal in its place.
 - Huawei Ascend: HAMi's ascend-device-plugin writes ``hami.io/node-register-{type}`` (Go's
   JSON of its device list: one entry per chip, the vNPUs of the smallest template as count,
   a ``NetworkID`` for 910 chips), ``hami.io/node-handshake-{type}`` as ``Reported_`` with its
@@ -17,6 +19,7 @@ tests/test_go_ascend_vectors.py checks the reading against Go's own function).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -34,6 +37,7 @@ from hami import config
 from hami.kube.client import Kube
 from hami.kube.raw import MERGE_PATCH
 from hami.protocol import keys
+from hami.protocol.nodelock import rfc3339
 from hami.testkit.ascend_node import ascend_annotations, ascend_register
 from hami.testkit.cluster import poll
 
@@ -125,8 +129,41 @@ async def test_a_pod_lands_on_a_node_of_cambricons_own_plugin(kube: Kube, namesp
             assert annotations["CAMBRICON_DSMLU_PROFILE"] == "0_10_4"
             assert annotations["CAMBRICON_DSMLU_ASSIGNED"] == "false"
             assert cluster.usage_snapshot()[name] == {card: (1, 1024, 10)}
+            # the bind took Go's Cambricon lock, with Go's value, and not hami.io/mutex.lock
+            node = await kube.get_node(name)
+            assert node["metadata"]["annotations"][DSMLU_LOCK] == rfc3339(fake.now())
+            assert keys.NODE_LOCK not in node["metadata"]["annotations"]
+
+            # a second pod on the node waits while the first one has not been allocated
+            second = asyncio.create_task(
+                place(role, kube, namespace, device_pod("q", limits), name)
+            )
+            await asyncio.sleep(2.0)
+            assert not second.done()
+            fake.advance(30)
+            await plugin_allocated(kube, namespace, "p", name)
+            annotations = await asyncio.wait_for(second, 15)
+            assert annotations["CAMBRICON_DSMLU_ASSIGNED"] == "false"
+            node = await kube.get_node(name)
+            assert node["metadata"]["annotations"][DSMLU_LOCK] == rfc3339(fake.now())
+            await plugin_allocated(kube, namespace, "q", name)
+            node = await kube.get_node(name)
+            assert DSMLU_LOCK not in node["metadata"].get("annotations", {})
     finally:
         await delete_nodes(kube, [name])
+
+
+DSMLU_LOCK = "cambricon.com/dsmlu.lock"
+
+
+async def plugin_allocated(kube: Kube, namespace: str, pod: str, node: str) -> None:
+    """What Cambricon's dynamic-sMLU plug-in does after creating a pod's sMLU: mark the pod
+    assigned, then remove the node lock with a JSON patch (it never reads the value)."""
+    await kube.patch_pod_annotations(namespace, pod, {"CAMBRICON_DSMLU_ASSIGNED": "true"})
+    remove = [{"op": "remove", "path": "/metadata/annotations/cambricon.com~1dsmlu.lock"}]
+    await kube.request(
+        "PATCH", f"/api/v1/nodes/{node}", body=remove, content_type="application/json-patch+json"
+    )
 
 
 # ------------------------------------------------------------------ Ascend

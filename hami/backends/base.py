@@ -149,6 +149,9 @@ class Backend(abc.ABC):
     # Whether binding a pod of this type takes the node lock (DeviceKind.node_lock): False
     # where Go HAMi's LockNode for the type does nothing and the node's plug-in releases none.
     node_lock: bool = True
+    # The annotation of Go HAMi's own node lock for the type (DeviceKind.vendor_lock), taken
+    # by a bind and removed by the vendor's plug-in after Allocate; "" where Go takes none.
+    vendor_lock: str = ""
 
     def __init__(self, settings: BackendSettings | None = None) -> None:
         self.settings = settings or BackendSettings()

@@ -79,6 +79,10 @@ class CambriconBackend(Backend):
     allocated_key = "hami.io/cambricon-mlu-devices-allocated"
     to_allocate_key = "hami.io/cambricon-mlu-devices-to-allocate"
     default_cores = 100  # cambricon.com/mlu.smlu.vcore absent: the whole card
+    # Go HAMi 2.10 binds Cambricon pods under cambricon.com/dsmlu.lock, not hami.io/mutex.lock:
+    # Cambricon's plug-in removes that one after Allocate, and so does this node agent.
+    node_lock = False
+    vendor_lock = cambricon_go.NODE_LOCK
     known_options = frozenset({*_STRING_OPTIONS, "cnmon_timeout"})
 
     def __init__(self, settings: BackendSettings | None = None) -> None:

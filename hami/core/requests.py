@@ -169,6 +169,9 @@ class DeviceKind:
     # (Moore Threads, Kunlunxin ``kunlun``, ``Metax-GPU``): the vendor's plug-in never
     # releases the lock, so every later bind on the node would wait for it to go stale.
     node_lock: bool = True
+    # Go HAMi's vendor lock for the type, whose value is only the time it was taken
+    # (``hami.scheduler.vendorlock``: Cambricon's ``cambricon.com/dsmlu.lock``); "": none.
+    vendor_lock: str = ""
 
     def heartbeat_keys(self) -> tuple[str, ...]:
         return self.handshake_keys or keys.handshake_keys(self.type_word)
@@ -233,6 +236,7 @@ class DeviceKind:
             container_env=getattr(backend, "env_writer", None),
             memory_reader=getattr(backend, "read_memory", None),
             node_lock=bool(getattr(backend, "node_lock", True)),
+            vendor_lock=str(getattr(backend, "vendor_lock", "")),
         )
 
 

@@ -518,11 +518,19 @@ class Allocator:
             # what gone pods still hold (a MIG placement) is freed before it is needed
             await self._reconcile(backend)
             cached = self._find_cached(backend)
-            if cached is not None:
-                plan = await self._allocate_cached(*cached, backend, requested, node_devices)
-                if plan is not None:
-                    return plan
-            return await self._allocate(backend, requested, node_devices)
+            plan: AllocationPlan | None = None
+            try:
+                if cached is not None:
+                    plan = await self._allocate_cached(*cached, backend, requested, node_devices)
+                if plan is None:
+                    plan = await self._allocate(backend, requested, node_devices)
+            except AllocateError as exc:
+                if exc.pod and backend.vendor_lock:  # that pod was failed: it waits no more
+                    await self._release_vendor_lock(backend.vendor_lock, exc.pod)
+                raise
+            if plan.done and backend.vendor_lock:
+                await self._release_vendor_lock(backend.vendor_lock, plan.pod)
+            return plan
 
     async def _allocate_cached(
         self,
@@ -735,6 +743,26 @@ class Allocator:
                 self.log.warning("node_lock_release_failed", pod=ref, error=str(exc))
                 return
         self.log.warning("node_lock_release_failed", pod=ref, error="kept conflicting")
+
+    async def _release_vendor_lock(self, key: str, ref: str) -> None:
+        """Remove Go HAMi's vendor lock (``cambricon.com/dsmlu.lock``) after a pod's last
+        container, as the vendor's plug-in does: the value names no pod, and the scheduler
+        that took it lets one pod per node wait between bind and allocation."""
+        for _ in range(3):
+            try:
+                node = await self.kube.get_node(self.node)
+                if key not in annotations_of(node):
+                    return
+                rv = metadata_of(node).get("resourceVersion")
+                await self.kube.patch_node_annotations(self.node, {key: None}, rv)
+                self.log.debug("vendor_node_lock_released", pod=ref, lock=key)
+                return
+            except Conflict:
+                continue
+            except Exception as exc:
+                self.log.warning("vendor_node_lock_release_failed", pod=ref, error=str(exc))
+                return
+        self.log.warning("vendor_node_lock_release_failed", pod=ref, error="kept conflicting")
 
     async def _release_stale_lock(self, node: Mapping[str, Any]) -> None:
         """With no pending pod, release the lock if it is stale (``hami.kube.nodelock``)."""

@@ -5,7 +5,9 @@ One pod's way, after filter reserved its devices in memory (``hami.scheduler.ser
 1. wait its turn on the node (``BindQueue``: one bind per node works at a time);
 2. take the node's ``hami.io/mutex.lock`` (a conditional write; a live holder is waited
    for, a stale one taken over: ``hami.scheduler.locks``), unless every device type the
-   pod holds is one Go HAMi binds without it (``DeviceKind.node_lock``);
+   pod holds is one Go HAMi binds without it (``DeviceKind.node_lock``); then the vendor
+   locks Go takes for its types instead (``DeviceKind.vendor_lock``: Cambricon's
+   ``cambricon.com/dsmlu.lock``, ``hami.scheduler.vendorlock``);
 3. write the decision, ``bind-time`` and ``bind-phase: allocating`` in one pod write,
    guarded by the resourceVersion filter saw;
 4. wait until this replica's pod watch shows that write: watch events come in
@@ -46,6 +48,7 @@ from hami.scheduler.bindqueue import BindQueue, QueueTimeout
 from hami.scheduler.clock import Clock
 from hami.scheduler.locks import EventRef, NodeLocks, holder_words
 from hami.scheduler.metrics import SchedulerMetrics
+from hami.scheduler.vendorlock import VendorLockError, VendorLocks
 
 _log = log.get(__name__)
 
@@ -130,6 +133,7 @@ class Binder:
         # another replica may still bind them, so the fence counts them too
         self.shadows: dict[str, PodRecord] = {}
         self._passed: OrderedDict[str, None] = OrderedDict()  # uids filter let through
+        self.vendor_locks = VendorLocks(kube, clock.now, clock.monotonic, asyncio.sleep)
 
     # ------------------------------------------------------------------ from the watches
 
@@ -227,6 +231,7 @@ class Binder:
         deadline = self.clock.monotonic() + wait
         self.binding.add(key)  # its reservation must not expire while it waits
         written: str | None = None  # the pod's resourceVersion after our write
+        taken: dict[str, str] = {}  # vendor lock -> the value this bind wrote
         try:
             # One bind per node at a time; its turn ends with the Binding (the next one
             # then waits for the node agent to release the lock after Allocate).
@@ -234,6 +239,10 @@ class Binder:
                 try:
                     if self._needs_lock(record):
                         await self._take_lock(node, namespace, name, record, deadline)
+                    for lock_key in self._vendor_locks(record):
+                        taken[lock_key] = await self._take_vendor_lock(
+                            node, key, lock_key, record, deadline
+                        )
                     self._fence(Step.DECISION, key, record, deadline)
                     answer = await self._write_decision(namespace, name, uid, record)
                     written = str(metadata_of(answer).get("resourceVersion") or "") or None
@@ -245,6 +254,8 @@ class Binder:
                     raise
                 except BaseException as exc:
                     await self.undo(namespace, name, node, record, written)
+                    for lock_key, value in taken.items():
+                        await self.vendor_locks.release(node, lock_key, value)
                     if isinstance(exc, KubeError):
                         raise BindError(f"hami bind: pod {key} on node {node}: {exc}") from exc
                     raise
@@ -537,6 +548,22 @@ class Binder:
         words = set(record.types.values()) | set(record.assignment)
         kinds = self.cluster.kinds
         return not words or any(w not in kinds or kinds[w].node_lock for w in words)
+
+    def _vendor_locks(self, record: PodRecord) -> list[str]:
+        """The vendor locks Go HAMi takes for the types the pod holds, in Go's order."""
+        words = set(record.types.values()) | set(record.assignment)
+        kinds = self.cluster.kinds
+        return sorted({kinds[w].vendor_lock for w in words if w in kinds} - {""})
+
+    async def _take_vendor_lock(
+        self, node: str, key: str, lock_key: str, record: PodRecord, deadline: float
+    ) -> str:
+        try:
+            return await self.vendor_locks.take(
+                node, lock_key, deadline, lambda: self._fence(Step.LOCK, key, record, deadline)
+            )
+        except VendorLockError as exc:
+            raise BindError(f"hami bind: pod {key}: {exc}") from None
 
     async def _take_lock(
         self, node: str, namespace: str, name: str, record: PodRecord, deadline: float
