@@ -59,6 +59,7 @@ async def allocate(short_dir: Path, ids: list[str]) -> api_pb2.ContainerAllocate
     finally:
         channel.close()
     (response,) = answer.container_responses
+    assert isinstance(response, api_pb2.ContainerAllocateResponse)
     return response
 
 
