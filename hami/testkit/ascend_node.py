@@ -1,5 +1,6 @@
 """A Huawei Ascend node as HAMi's ascend-device-plugin and its kubelet leave it, for
-``hami demo`` and the vendor tests: this project has no Ascend node side.
+``hami demo`` and the vendor tests, where no agent runs (this project's node side reads
+``npu-smi`` and needs Huawei's driver: hami.backends.ascend).
 
 The Node carries what Go HAMi 2.10's scheduler reads from that plug-in: the register value
 ``hami.io/node-register-{type}`` (Go's JSON of its device list: one entry per chip, the
