@@ -125,6 +125,14 @@ async def test_malformed_answers_name_the_query_and_the_chip(tmp_path: Path) -> 
         await b3.enumerate()
 
 
+async def test_two_chips_with_one_die_id_are_refused(tmp_path: Path) -> None:
+    first, second = b3_node(2)
+    twin = FakeChip(second.npu, second.chip, second.logic, second.phy, "910B3", first.die)
+    b3 = backend("Ascend910B3", *fake_npu_smi(tmp_path, [first, twin]))
+    with pytest.raises(BackendError, match=f"several chips the Die ID {first.uuid}"):
+        await b3.enumerate()
+
+
 async def test_a_chip_without_its_davinci_device_is_refused(tmp_path: Path) -> None:
     script, dev = fake_npu_smi(tmp_path, b3_node(2))
     (dev / "davinci0").unlink()  # logic 1 is physical 0

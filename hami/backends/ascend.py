@@ -55,8 +55,6 @@ _TIMEOUT = "npu_smi_timeout"
 class AscendBackend(Backend):
     """One Ascend type; a subclass names its ``chip`` (``CHIPS``)."""
 
-    vendor = "Huawei Ascend"
-
     chip: ClassVar[Chip]
     default_cores = 0  # no core share unless asked (the soft split)
     known_options = frozenset({*_OPTIONS, _TIMEOUT})
@@ -141,6 +139,14 @@ class AscendBackend(Backend):
             raise BackendError(
                 f"{self.type_word}: npu-smi finds chips named {', '.join(names)}, none named "
                 f"{self.chip.chip_name!r} as {self.type_word}'s are; {instead}"
+            )
+        uuids = [c.uuid for c in mine]
+        twice = sorted({u for u in uuids if uuids.count(u) > 1})
+        if twice:
+            # one uuid for two chips would make a decision ambiguous: serve none of them
+            raise BackendError(
+                f"{self.type_word}: npu-smi gives several chips the Die ID {', '.join(twice)}; "
+                f"check 'npu-smi info -t board' on the node"
             )
         self._physical = {c.uuid: c.phy for c in mine}
         return [
