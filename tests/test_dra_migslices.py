@@ -205,17 +205,69 @@ def test_pool_is_cut_within_the_api_limits(gpus: int) -> None:
         assert set(c["counters"]) <= set(sets[c["counterSet"]]["counters"])
 
 
-def test_unhealthy_gpus_and_plain_devices() -> None:
-    sick = mig_gpu("A100-SXM4-80GB", plain_names("A100-SXM4-80GB"), index=0)
-    sick = Device(sick.uuid, 0, sick.model, sick.memory_mib, healthy=False, mig=sick.mig)
+def _sick_well_plain(plain_healthy: bool = True) -> list[Device]:
+    sick = mig_gpu("A100-SXM4-80GB", ["1g.10gb"], index=0)
+    sick = Device(
+        sick.uuid,
+        0,
+        sick.model,
+        sick.memory_mib,
+        healthy=False,
+        unhealthy_reason="xid-79",
+        mig=sick.mig,
+    )
     well = mig_gpu("A100-SXM4-80GB", ["3g.40gb"], index=1)
-    plain = Device("GPU-plain", 2, "NVIDIA-T4", 15360)
-    bodies = migslices.pool_slices("n", backend(), [sick, well, plain])
+    plain = Device("GPU-plain", 2, "NVIDIA-T4", 15360, healthy=plain_healthy)
+    return [sick, well, plain]
+
+
+def test_unhealthy_gpus_leave_the_pool_where_taints_are_not_served() -> None:
+    bodies = migslices.pool_slices("n", backend(), _sick_well_plain(), with_taints=False)
     devs = [d["name"] for b in bodies for d in b["spec"].get("devices", [])]
     # Go HAMi's order: a 3g from the highest start first (kube-scheduler takes the first free)
     assert devs == ["nvidia-1-mig-3g-40gb-4", "nvidia-1-mig-3g-40gb-0", "nvidia-2"]
     sets = [s["name"] for b in bodies for s in b["spec"].get("sharedCounters", [])]
     assert sets == ["nvidia-1-mig"]
+
+
+def test_an_unhealthy_mig_gpu_is_tainted_on_every_partition() -> None:
+    bodies = migslices.pool_slices("n", backend(), _sick_well_plain(plain_healthy=False))
+    devs = {d["name"]: d for b in bodies for d in b["spec"].get("devices", [])}
+    sick = [d for name, d in devs.items() if name.startswith("nvidia-0-mig-")]
+    assert len(sick) == 7  # every 1g placement of the sick GPU stays, tainted
+    taint = {"key": "hami.io/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
+    assert all(d["taints"] == [taint] for d in sick)
+    assert all(d["attributes"]["healthy"] == {"bool": False} for d in sick)
+    # the healthy GPU's partitions carry none; a plain device is tainted as in one slice
+    assert not any("taints" in d for n, d in devs.items() if n.startswith("nvidia-1-"))
+    assert devs["nvidia-2"]["taints"] == [{**taint, "value": "unhealthy"}]
+    # the sick GPU keeps its counter set: its partitions still consume counters
+    sets = [s["name"] for b in bodies for s in b["spec"].get("sharedCounters", [])]
+    assert sets == ["nvidia-0-mig", "nvidia-1-mig"]
+
+
+def test_the_taints_time_is_kept_and_never_reads_as_a_change() -> None:
+    b = backend()
+    devices = _sick_well_plain()
+    first = migslices.plan_pool("n", b, devices, {})
+    stamp = "2026-12-03T22:41:07Z"
+    stored: dict[str, dict[str, Any] | None] = {}
+    for body in first.create:  # as the API server stores it: the taint's time stamped
+        copy = {**body, "metadata": {**body["metadata"], "resourceVersion": "7"}}
+        for d in copy["spec"].get("devices", []):
+            for t in d.get("taints", []):
+                t["timeAdded"] = stamp
+        stored[body["metadata"]["name"]] = copy
+    assert migslices.plan_pool("n", b, devices, stored).empty
+    # another change (the plain device fails): the old taints keep their time
+    again = migslices.plan_pool("n", b, _sick_well_plain(plain_healthy=False), stored)
+    devs = {d["name"]: d for x in again.replace for d in x["spec"].get("devices", [])}
+    assert devs["nvidia-0-mig-1g-10gb-6"]["taints"][0]["timeAdded"] == stamp
+    assert "timeAdded" not in devs["nvidia-2"]["taints"][0]
+    # recovery: no partition is tainted any more
+    well = [mig_gpu("A100-SXM4-80GB", ["1g.10gb"], index=0), *_sick_well_plain()[1:]]
+    healed = migslices.plan_pool("n", b, well, stored)
+    assert not any(d.get("taints") for x in healed.replace for d in x["spec"].get("devices", []))
 
 
 def test_plan_rewrites_the_whole_pool_only_on_change() -> None:

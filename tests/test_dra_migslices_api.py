@@ -3,12 +3,14 @@
 sets in slices of their own, at most 8 each), the limits are the server's own (65 devices
 consuming counters in one slice are refused), and the publisher keeps the pool current:
 no rewrite without a change, the whole pool at the next generation on one, the slices
-no longer needed deleted, all of them withdrawn on stop."""
+no longer needed deleted, all of them withdrawn on stop; an unhealthy GPU's partitions are
+tainted and untainted on recovery."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import uuid
 from typing import Any
 
@@ -133,3 +135,61 @@ async def test_publisher_keeps_the_mig_pool_current_and_withdraws_it(kube: Kube)
     assert await _names(kube, node, word) == {}  # withdrawn on stop
     with contextlib.suppress(NotFound):
         await kube.request("DELETE", f"{CLASSES_PATH}/{word}.hami.io")
+
+
+def _sick(device: Device) -> Device:
+    return dataclasses.replace(device, healthy=False, unhealthy_reason="xid-79")
+
+
+async def test_an_unhealthy_mig_gpu_is_tainted_then_untainted(kube: Kube) -> None:
+    """The MIG pool with device taints as kube-apiserver 1.36 serves them: every partition
+    of the sick GPU carries the taint (stamped, and never rewritten for the stamp), the
+    healthy GPU's none, and recovery takes the taint away."""
+    node = f"n-{uuid.uuid4().hex[:6]}"
+    word = f"t{uuid.uuid4().hex[:8]}"
+    state = _State([h200(0), h200(1)])
+    publisher = SlicePublisher(kube, node, backend(word), state, period=0.2, min_backoff=0.05)
+
+    async def tainted() -> dict[str, list[dict[str, Any]]]:
+        found = await _names(kube, node, word)
+        devices = [d for s in found.values() for d in s["spec"].get("devices", [])]
+        return {d["name"]: d["taints"] for d in devices if d.get("taints")}
+
+    task = asyncio.create_task(publisher.run())
+    try:
+        async with asyncio.timeout(20):
+            await publisher.published.wait()
+        assert await tainted() == {}
+        state.set([_sick(h200(0)), h200(1)])
+
+        async def sick() -> bool:
+            return bool(await tainted())
+
+        await poll(sick, 20, "the sick GPU's partitions tainted")
+        now = await tainted()
+        assert publisher.taints_served
+        assert sorted(now) == sorted(p for p in now if p.startswith(f"{word}-0-mig-"))
+        assert len(now) == 14  # every partition of GPU 0, none of GPU 1
+        for taints in now.values():
+            (taint,) = taints
+            assert (taint["key"], taint["value"], taint["effect"]) == (
+                "hami.io/unhealthy",
+                "xid-79",
+                "NoSchedule",
+            )
+            assert taint["timeAdded"]  # stamped by kube-apiserver
+        writes = publisher.writes
+        await asyncio.sleep(1.0)  # five periods: the stamp is no change
+        assert publisher.writes == writes
+        state.set([h200(0), h200(1)])
+
+        async def healed() -> bool:
+            return await tainted() == {}
+
+        await poll(healed, 20, "the recovered GPU untainted")
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        with contextlib.suppress(NotFound):
+            await kube.request("DELETE", f"{CLASSES_PATH}/{word}.hami.io")

@@ -2,18 +2,21 @@
 of its own started with ``--feature-gates=DRADeviceTaints=false`` (as 1.33-1.35 are by
 default) drops the taints of a ResourceSlice without an error. The publisher sees that in
 the answer to its write, says so once, and leaves unhealthy devices out of the slice
-instead (the behaviour before taints); a device healthy again comes back."""
+instead (the behaviour before taints); a device healthy again comes back. The same for a
+MIG GPU's partitions (a pool of several slices)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 import pytest_asyncio
 from structlog.testing import capture_logs
+from test_dra_migslices_api import _State, h200
 
 from hami.backends.base import BackendSettings
 from hami.backends.fake import FakeBackend
@@ -112,3 +115,49 @@ async def test_unhealthy_devices_leave_the_slice_when_taints_are_dropped(kube: K
     assert len(said) == 1, said
     assert said[0]["log_level"] == "warning"
     assert "DRADeviceTaints" in said[0]["why"]
+
+
+async def test_an_unhealthy_mig_gpu_leaves_the_pool_when_taints_are_dropped(kube: Kube) -> None:
+    """The MIG pool (several slices) falls back the same way: the sick GPU's partitions and
+    counter set leave the pool, and come back on recovery."""
+    sick = dataclasses.replace(h200(0), healthy=False, unhealthy_reason="xid-79")
+    state = _State([sick, h200(1)])
+    backend = FakeBackend(BackendSettings(options={"type": "nvidia", "vendor": "NVIDIA"}))
+    node = f"{NODE}-mig"
+
+    async def pool() -> tuple[set[str], list[str]]:
+        items, _ = await kube.list_all(
+            "/apis/resource.k8s.io/v1/resourceslices",
+            query=[("fieldSelector", f"spec.nodeName={node}")],
+        )
+        devices = [d for s in items for d in s["spec"].get("devices") or []]
+        assert not any(d.get("taints") for d in devices)  # never stored here
+        sets = [c["name"] for s in items for c in s["spec"].get("sharedCounters") or []]
+        return {d["name"].split("-mig-")[0] for d in devices}, sorted(sets)
+
+    with capture_logs() as logs:
+        publisher = SlicePublisher(kube, node, backend, state, period=0.2, min_backoff=0.1)
+        task = asyncio.create_task(publisher.run())
+        try:
+            async with asyncio.timeout(20):
+                await publisher.published.wait()
+
+            async def only_the_well_gpu() -> bool:
+                return await pool() == ({"nvidia-1"}, ["nvidia-1-mig"])
+
+            await eventually(only_the_well_gpu, "the sick GPU out of the pool")
+            assert not publisher.taints_served
+            state.set([h200(0), h200(1)])
+
+            async def both() -> bool:
+                return await pool() == ({"nvidia-0", "nvidia-1"}, ["nvidia-0-mig", "nvidia-1-mig"])
+
+            await eventually(both, "the recovered GPU back in the pool")
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            with contextlib.suppress(NotFound):
+                await kube.delete(f"{CLASSES_PATH}/nvidia.hami.io")
+    said = [e for e in logs if e["event"] == "dra_device_taints_not_served"]
+    assert len(said) == 1, said

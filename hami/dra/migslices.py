@@ -18,6 +18,11 @@ disjoint placements they have, and no disjoint set exceeds the GPU's compute sli
 whole GPU: its device consumes every slice. A GPU in MIG mode runs CUDA only inside an
 instance, so there is no other "whole GPU" device.
 
+An unhealthy MIG GPU stays in the pool: each of its partitions carries the
+``hami.io/unhealthy`` device taint (``hami.dra.taints``), as a shared GPU does, so no new
+claim gets it and claims already on it keep running; where the API server does not serve
+taints (``with_taints=False``) it leaves the pool instead.
+
 API limits (``k8s.io/api/resource/v1``): a slice holds either devices or counter sets, at
 most 64 devices when any consumes counters and at most 8 counter sets; so the pool is cut
 into as many slices as that takes, all with one generation and ``resourceSliceCount``.
@@ -32,7 +37,7 @@ from typing import Any
 
 from hami.backends.base import Backend, Device
 from hami.core.requests import parse_quantity
-from hami.dra import names
+from hami.dra import names, taints
 from hami.dra.attributes import detail_attributes
 from hami.dra.slices import device_entry, resource_slice
 from hami.protocol.mig import MigPlacement, MigProfile, ordered_placements
@@ -119,9 +124,9 @@ def counter_set(type_word: str, gpu: Device) -> JSON:
 
 def partition_entry(backend: Backend, partition: Partition) -> JSON:
     """One partition as a slice device: the GPU's attributes, the profile's, its memory and
-    cores as capacity (for CEL), and the memory slices it takes."""
+    cores as capacity (for CEL), the memory slices it takes, and the GPU's taints."""
     gpu, profile = partition.gpu, partition.profile
-    return {
+    entry: JSON = {
         "name": partition.name,
         "attributes": {
             "uuid": {"string": gpu.uuid},
@@ -148,6 +153,10 @@ def partition_entry(backend: Backend, partition: Partition) -> JSON:
             }
         ],
     }
+    gpu_taints = taints.device_taints(gpu)
+    if gpu_taints:
+        entry["taints"] = gpu_taints
+    return entry
 
 
 def _chunks(items: list[JSON], size: int) -> list[list[JSON]]:
@@ -159,14 +168,21 @@ def extra_slice_name(node: str, type_word: str, part: str) -> str:
 
 
 def pool_slices(
-    node: str, backend: Backend, devices: Sequence[Device], generation: int = 0
+    node: str,
+    backend: Backend,
+    devices: Sequence[Device],
+    generation: int = 0,
+    *,
+    with_taints: bool = True,
 ) -> list[JSON]:
     """Every ResourceSlice of the pool: device slices first (the first keeps the one-slice
-    name), then counter slices. Unhealthy GPUs leave it, as in ``hami.dra.slices``."""
-    healthy = [d for d in sorted(devices, key=lambda d: d.index) if d.healthy]
+    name), then counter slices. Unhealthy devices are tainted, or, with
+    ``with_taints=False``, left out, as in ``hami.dra.slices``."""
+    ordered = sorted(devices, key=lambda d: d.index)
+    shown = ordered if with_taints else [d for d in ordered if d.healthy]
     entries: list[JSON] = []
     sets: list[JSON] = []
-    for device in healthy:
+    for device in shown:
         if device.mig is None:
             entries.append(device_entry(backend, device))
             continue
@@ -210,13 +226,18 @@ def _canonical(value: Any) -> Any:
 
 
 def same_spec(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    """Whether two slice specs say the same, the pool generation aside."""
+    """Whether two slice specs say the same, the pool generation and the time the API
+    server stamps on a taint aside."""
 
     def strip(spec: Mapping[str, Any]) -> Any:
         out = dict(spec)
         pool = dict(out.get("pool") or {})
         pool.pop("generation", None)
         out["pool"] = pool
+        if isinstance(out.get("devices"), list):
+            out["devices"] = [
+                taints.without_times(d) if isinstance(d, Mapping) else d for d in out["devices"]
+            ]
         return _canonical(out)
 
     return bool(strip(old) == strip(new))
@@ -241,13 +262,15 @@ def plan_pool(
     backend: Backend,
     devices: Sequence[Device],
     existing: Mapping[str, Mapping[str, Any] | None],
+    *,
+    with_taints: bool = True,
 ) -> PoolPlan:
     """``existing``: slice name -> the slice the API server has (None: absent), for every
     name the pool has or had. Nothing to write when every desired slice is there as
     desired and no other is; otherwise every desired slice is written with the generation
     bumped past all existing ones (consumers read only a pool's newest generation) and the
-    others deleted."""
-    desired = pool_slices(node, backend, devices, 0)
+    others deleted. A taint already there keeps the time the API server gave it."""
+    desired = pool_slices(node, backend, devices, 0, with_taints=with_taints)
     wanted = {b["metadata"]["name"] for b in desired}
     present = {n: s for n, s in existing.items() if s is not None}
     stale = sorted(set(present) - wanted)
@@ -270,6 +293,9 @@ def plan_pool(
         version = (old.get("metadata") or {}).get("resourceVersion")
         if version:
             body["metadata"]["resourceVersion"] = version
+        old_devices = (old.get("spec") or {}).get("devices")
+        if isinstance(old_devices, list) and "devices" in body["spec"]:
+            taints.keep_times(body["spec"]["devices"], old_devices)
         replace.append(body)
     return PoolPlan(create, replace, stale, generation)
 

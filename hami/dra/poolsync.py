@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from hami.backends.base import Backend, Device
-from hami.dra import migslices
+from hami.dra import migslices, taints
 
 JSON = dict[str, Any]
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
@@ -46,18 +46,26 @@ async def sync_pool(
     backend: Backend,
     devices: Sequence[Device],
     known: set[str],
-) -> tuple[migslices.PoolPlan, set[str]]:
+    *,
+    with_taints: bool = True,
+) -> tuple[migslices.PoolPlan, set[str], bool]:
     """Make the pool's slices say what ``devices`` say. ``known``: names written before
-    (so a slice no longer needed is deleted). Returns the plan carried out and the names
-    the pool has now. A 409 (a write between the read and ours) propagates: the caller
-    tries again."""
-    desired = {b["metadata"]["name"] for b in migslices.pool_slices(node, backend, devices)}
+    (so a slice no longer needed is deleted). Returns the plan carried out, the names the
+    pool has now, and whether the API server dropped the device taints it was sent (it
+    does not serve them: ``hami.dra.taints.dropped``). A 409 (a write between the read and
+    ours) propagates: the caller tries again."""
+    bodies = migslices.pool_slices(node, backend, devices, with_taints=with_taints)
+    desired = {b["metadata"]["name"] for b in bodies}
     existing = {name: await _get(kube, name) for name in sorted(known | desired)}
-    plan = migslices.plan_pool(node, backend, devices, existing)
+    plan = migslices.plan_pool(node, backend, devices, existing, with_taints=with_taints)
+    dropped = False
     for body in plan.create:
-        await kube.request("POST", SLICES_PATH, body=body)
+        stored = await kube.request("POST", SLICES_PATH, body=body)
+        dropped = dropped or taints.dropped(body["spec"], stored)
     for body in plan.replace:
-        await kube.request("PUT", f"{SLICES_PATH}/{body['metadata']['name']}", body=body)
+        path = f"{SLICES_PATH}/{body['metadata']['name']}"
+        stored = await kube.request("PUT", path, body=body)
+        dropped = dropped or taints.dropped(body["spec"], stored)
     for name in plan.delete:
         await delete_slice(kube, name)
-    return plan, desired
+    return plan, desired, dropped

@@ -7,9 +7,10 @@ content differs from what the API server has, and each write bumps the pool gene
 When the agent stops serving the node (its stop, as SIGTERM gives it) the slice is
 deleted, so kube-scheduler places no new claim on a node nobody prepares them for.
 
-Unhealthy devices are published tainted (``hami.dra.taints``). When the API server's answer
-to a write shows it dropped the taints (its DRADeviceTaints gate is off), the publisher says
-so once and from then on leaves unhealthy devices out of the slice, as before taints.
+Unhealthy devices (each partition of a MIG GPU too) are published tainted
+(``hami.dra.taints``). When the API server's answer to a write shows it dropped the taints
+(its DRADeviceTaints gate is off), the publisher says so once and from then on leaves
+unhealthy devices out of the slice, as before taints.
 """
 
 from __future__ import annotations
@@ -126,20 +127,19 @@ class SlicePublisher:
             devices=len(body["spec"]["devices"]),
         )
         if self.taints_served and taints.dropped(body["spec"], stored):
-            self.taints_served = False
-            self.log.warning(
-                "dra_device_taints_not_served",
-                slice=self.name,
-                why="kube-apiserver dropped the devices' taints (feature gate DRADeviceTaints "
-                "off); unhealthy devices leave the slice instead until the agent restarts",
-            )
+            self._taints_not_served(self.name)
             await self.sync_once(devices)  # take the tainted devices out at once
         return True
 
     async def _sync_pool(self, devices: list[Device]) -> bool:
         """MIG GPUs: partitions and counter sets over several slices (``poolsync``)."""
-        plan, names_now = await poolsync.sync_pool(
-            self.kube, self.node, self.backend, devices, self.pool_names
+        plan, names_now, dropped = await poolsync.sync_pool(
+            self.kube,
+            self.node,
+            self.backend,
+            devices,
+            self.pool_names,
+            with_taints=self.taints_served,
         )
         self.syncs += 1
         self.pool_names = names_now if migslices.partitioned(devices) else set()
@@ -153,7 +153,19 @@ class SlicePublisher:
             deleted=plan.delete,
             generation=plan.generation,
         )
+        if self.taints_served and dropped:
+            self._taints_not_served(self.name)
+            await self.sync_once(devices)  # take the tainted GPUs out at once
         return True
+
+    def _taints_not_served(self, slice_name: str) -> None:
+        self.taints_served = False
+        self.log.warning(
+            "dra_device_taints_not_served",
+            slice=slice_name,
+            why="kube-apiserver dropped the devices' taints (feature gate DRADeviceTaints "
+            "off); unhealthy devices leave the slice instead until the agent restarts",
+        )
 
     async def run(self) -> None:
         await self.ensure_device_class()
