@@ -7,8 +7,9 @@
 
 What runs: the test control plane, Go HAMi's scheduler (cmd/scheduler) as kube-scheduler's
 extender (filter + bind, as HAMi's Helm chart configures it), and one simulated GPU node per
-``NodeSpec``: this project's node agent with the fake backend, writing its register value in
-Go HAMi >= 2.8's JSON form, and the kubelet emulator. Go HAMi's webhook is not used: pods are
+``NodeSpec``: this project's node agent with the fake backend (or, for ``mode="mig"``, the
+NVIDIA backend in MIG mode over the fake NVML), writing its register value in Go HAMi >= 2.8's
+JSON form, and the kubelet emulator. Go HAMi's webhook is not used: pods are
 created with ``schedulerName`` already set, as the webhook would leave them.
 
 Nothing of Go HAMi is in this repository: its source tree is named by ``HAMI_SRC`` and the
@@ -151,10 +152,13 @@ class GoHamiCluster(LocalCluster):
         ]
         self.go: ManagedProcess | None = None
         for node in self.nodes.values():
-            node.backend = FakeBackend(_with_format(node.backend.settings, register.JSON))
+            # a MIG node's NVIDIA backend already writes the JSON form (hami.testkit.mig_node)
+            if node.spec.mode != "mig":
+                node.backend = FakeBackend(_with_format(node.backend.settings, register.JSON))
 
-    def _config(self, node_policy: str, device_policy: str) -> config.Config:
-        cfg = super()._config(node_policy, device_policy)
+    def _config(self, *args: Any, **kwargs: Any) -> config.Config:
+        # whatever LocalCluster's config takes, only the fake backend's register form differs
+        cfg = super()._config(*args, **kwargs)
         backends = dict(cfg.backends)
         backends["fake"] = dataclasses.replace(backends["fake"], register_format=register.JSON)
         return dataclasses.replace(cfg, backends=backends)
