@@ -13,7 +13,10 @@
 #            Ascend device functions (node reading, webhook and requests, pod annotations,
 #            Ascend's Fit) -> tests/data/go-vendor-vectors.json, checked by
 #            tests/test_go_vendor_vectors.py and tests/test_go_ascend_vectors.py
-# Usage: scripts/gen-go-vectors.sh [codec|webhook|mig|vendors]...   (no argument: all)
+#   filter   tools/gohami-vectors/filter/cases.json through Go HAMi's real scheduler Filter on
+#            a fake cluster per case (one per vendor and policy) -> tests/data/go-filter-vectors.json,
+#            checked by tests/test_go_filter_vectors.py
+# Usage: scripts/gen-go-vectors.sh [codec|webhook|mig|vendors|filter]...   (no argument: all)
 # Go HAMi's module is not served by the Go module proxy, so each program is built in a work
 # module outside this repository whose go.mod is Go HAMi's own (same dependency versions) plus
 # a replace of Go HAMi by the unpacked tree. Nothing of Go HAMi is copied into this repository.
@@ -29,11 +32,11 @@ cache="${XDG_CACHE_HOME:-$HOME/.cache}/hami"
 src="${HAMI_SRC:-$cache/hami-src/$commit}"
 out_dir="${OUT_DIR:-$repo/tests/data}"
 generators=("$@")
-[ ${#generators[@]} -gt 0 ] || generators=(codec webhook mig vendors)
+[ ${#generators[@]} -gt 0 ] || generators=(codec webhook mig vendors filter)
 for gen in "${generators[@]}"; do
   case "$gen" in
-    codec | webhook | mig | vendors) ;;
-    *) echo "gen-go-vectors: unknown generator $gen (codec, webhook, mig, vendors)" >&2; exit 2 ;;
+    codec | webhook | mig | vendors | filter) ;;
+    *) echo "gen-go-vectors: unknown generator $gen (codec, webhook, mig, vendors, filter)" >&2; exit 2 ;;
   esac
 done
 if [ ! -f "$src/go.mod" ]; then
@@ -63,6 +66,7 @@ for gen in "${generators[@]}"; do
     webhook) input=specs.json flag=-specs out="$out_dir/go-webhook-vectors.json" ;;
     mig) input=cases.json flag=-cases out="$out_dir/hami-go-v2.10-mig.json" ;;
     vendors) input=cases.json flag=-cases out="$out_dir/go-vendor-vectors.json" ;;
+    filter) input=cases.json flag=-cases out="$out_dir/go-filter-vectors.json" ;;
   esac
   work="$cache/gohami-vectors/$commit/$gen"
   mkdir -p "$work"
