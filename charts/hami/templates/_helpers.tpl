@@ -166,6 +166,7 @@ imagePullSecrets:
       "memory_scaling" $v.devicePlugin.deviceMemoryScaling
       "core_scaling" $v.devicePlugin.deviceCoreScaling
       "register_format" $v.devicePlugin.registerFormat
+      "operating_mode" $v.devicePlugin.operatingMode
       "resources" (dict
         "count" $v.resourceName
         "memory" $v.resourceMem
@@ -178,6 +179,7 @@ imagePullSecrets:
         "cores" $v.mluResourceCores
         "memory_unit_mib" 256)))
 -}}
+{{- include "hami.nvidiaModeConfig" (dict "values" $v.devicePlugin "nvidia" $cfg.backends.nvidia) -}}
 {{- if eq $v.devicePlugin.mode "dra" -}}
 {{- range $backend := (list "nvidia" "mlu") -}}
 {{- $_ := set (index $cfg.backends $backend) "mode" "dra" -}}
@@ -319,7 +321,7 @@ imagePullSecrets:
 {{- end -}}
 {{- end -}}
 {{- if ne (toString $d.migStrategy) "none" -}}
-{{- $refuse = append $refuse (printf "devicePlugin.migStrategy %s: hami shares whole GPUs through HAMi-core; it makes no MIG instances (none only)" $d.migStrategy) -}}
+{{- $refuse = append $refuse (printf "devicePlugin.migStrategy %s: NVIDIA's static MIG strategies are not served (none only); hami's MIG is Go HAMi's dynamic mode: devicePlugin.operatingMode mig with devicePlugin.migProfileAllowlist" $d.migStrategy) -}}
 {{- end -}}
 {{- if eq (toString (dig "devicePlugin" "disablecorelimit" "false" $v)) "true" -}}
 {{- $refuse = append $refuse "devicePlugin.disablecorelimit: a container without a core limit asks for none (gpucores absent) here" -}}
