@@ -25,6 +25,8 @@ from hami.scheduler.webhook import PodDenied
 
 KINDS = device_kinds(config.from_mapping({}, env={}))
 DRIVER = "nvidia.hami.io"
+#: every request of the webhook's keeps off MIG partitions (a HAMi-core share is asked)
+NO_PARTITION = {"cel": {"expression": f'!has(device.attributes["{DRIVER}"].migProfile)'}}
 
 
 def pod(
@@ -69,6 +71,7 @@ def test_one_gpu_2000_mib_30_cores() -> None:
             "exactly": {
                 "deviceClassName": DRIVER,
                 "capacity": {"requests": {"memory": "2000Mi", "cores": "30"}},
+                "selectors": [NO_PARTITION],
             },
         }
     ]
@@ -103,6 +106,7 @@ def test_count_only_asks_the_whole_device_and_all_cores() -> None:
         "allocationMode": "ExactCount",
         "count": 2,
         "capacity": {"requests": {"cores": "100"}},
+        "selectors": [NO_PARTITION],
     }
     assert out.template["spec"]["spec"]["devices"]["constraints"] == [
         {"requests": ["c"], "distinctAttribute": f"{DRIVER}/uuid"}
@@ -132,12 +136,13 @@ def test_percentage_is_one_alternative_per_published_size() -> None:
         {"memory": "20480Mi", "cores": "20"},
     ]
     assert subs[0]["selectors"] == [
+        NO_PARTITION,
         {
             "cel": {
                 "expression": f'device.capacity["{DRIVER}"].memory.compareTo('
                 'quantity("15360Mi")) == 0'
             }
-        }
+        },
     ]
 
 
@@ -171,6 +176,7 @@ def test_selectors_become_cel_and_numa_a_constraint() -> None:
         f'!{model}.contains("v100")',
         f'{uuid} in ["GPU-a", "GPU-b"]',
         f'!({uuid} in ["GPU-x"])',
+        NO_PARTITION["cel"]["expression"],
     ]
     assert out.template["spec"]["spec"]["devices"]["constraints"] == [
         {"requests": ["c"], "distinctAttribute": f"{DRIVER}/uuid"},
@@ -181,7 +187,8 @@ def test_selectors_become_cel_and_numa_a_constraint() -> None:
 def test_several_use_types_are_one_or() -> None:
     out = convert(pod(container(gpu="1"), annotations={"nvidia.com/use-gputype": "A100,H100"}))
     (request,) = requests_of(out)
-    (selector,) = request["exactly"]["selectors"]
+    selector, no_partition = request["exactly"]["selectors"]
+    assert no_partition == NO_PARTITION
     assert " || " in selector["cel"]["expression"]
     assert '"a100"' in selector["cel"]["expression"]
     assert '"h100"' in selector["cel"]["expression"]

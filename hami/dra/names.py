@@ -7,11 +7,18 @@ DRIVER_DOMAIN = "hami.io"
 DRA_SERVICE = "v1.DRAPlugin"
 PLUGIN_TYPE = "DRAPlugin"  # pluginregistration/v1 constants: the DRA plugin type
 CDI_CLASS = "claim"  # CDI kind = {driver}/claim: one CDI device per prepared claim
+MIG_PROFILE = "migProfile"  # the attribute only a MIG partition has (hami.dra.migslices)
 
 
 def driver_name(type_word: str) -> str:
     """``nvidia`` -> ``nvidia.hami.io``: the DRA driver, its DeviceClass and CDI vendor."""
     return f"{type_word.lower()}.{DRIVER_DOMAIN}"
+
+
+def not_a_partition(driver: str) -> str:
+    """CEL that keeps a request off every MIG partition of ``driver``: for claims that ask
+    a HAMi-core share (the webhook's), which a partition cannot give."""
+    return f'!has(device.attributes["{driver}"].{MIG_PROFILE})'
 
 
 def device_name(type_word: str, index: int) -> str:

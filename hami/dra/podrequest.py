@@ -38,6 +38,7 @@ from hami.core.requests import (
     Selectors,
     parse_quantity,
 )
+from hami.dra.names import not_a_partition
 
 MIB = 1 << 20
 MAX_CORES = 100
@@ -126,8 +127,11 @@ def _models(body: Mapping[str, Any], driver: str, where: str) -> tuple[list[str]
 
 
 def reads_selector(expression: str, driver: str) -> bool:
-    """Whether ``expression`` is a model selector this module reads (the rest of CEL is
-    kube-scheduler's alone)."""
+    """Whether ``expression`` is a model selector this module reads, or the webhook's
+    exclusion of MIG partitions (which hami's reading leaves out anyway); the rest of CEL
+    is kube-scheduler's alone."""
+    if expression == not_a_partition(driver):
+        return True
     match = _MODEL_CONTAINS.match(expression)
     return match is not None and match.group("driver") == driver
 

@@ -13,7 +13,8 @@ parser (``parse_pod``, with the count and cores the extender webhook fills in,
   as a ``firstAvailable`` list with one subrequest per device size the driver's
   ResourceSlices publish (capacity requests are amounts); 100 % as no memory (the
   published default is the whole device); ``use-/nouse-gputype`` and ``use-/nouse-gpuuuid``
-  as CEL selectors, ``numa-bind`` as ``matchAttribute: {driver}/numa``;
+  as CEL selectors, ``numa-bind`` as ``matchAttribute: {driver}/numa``, and on every
+  request CEL that keeps it off MIG partitions (``names.not_a_partition``);
 - JSON patch operations for the pod: ``spec.resourceClaims`` gets ``hami`` from that
   template, each container's ``resources.claims`` its requests, the HAMi resources leave
   its limits and requests, and ``CUDA_TASK_PRIORITY`` is written as the extender webhook
@@ -49,7 +50,7 @@ from hami.core.requests import (
     parse_device_request,
     parse_pod,
 )
-from hami.dra.names import driver_name
+from hami.dra.names import driver_name, not_a_partition
 from hami.protocol import keys
 from hami.protocol.objects import annotations_of, pod_containers
 from hami.scheduler.webhook import (
@@ -354,7 +355,12 @@ def convert(
         for request in asked:
             kind = by_type[request.type_word]
             selectors = parsed.selectors.get(kind.type_word) or Selectors()
-            cel = selector_expressions(selectors, kind, pod)
+            # a HAMi-core share, never a MIG partition (kube-scheduler would give a
+            # 3000 MiB request a whole instance, with no limit inside it)
+            cel = [
+                *selector_expressions(selectors, kind, pod),
+                not_a_partition(driver_name(kind.type_word)),
+            ]
             name = _request_name(str(container.get("name") or position), kind, several, where)
             sizes_of = (sizes or {}).get(kind.type_word, ())
             requests.append(device_request(name, request, kind, cel, sizes_of, where))
