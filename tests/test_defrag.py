@@ -416,12 +416,93 @@ def test_cached_answers_equal_answers_worked_out_afresh(ops: list[tuple[str, Any
             request = parse_pod(obj, [NVIDIA])
             assert request is not None
             cluster.defrag.shapes.observe(defrag.Shape("nvidia", 1, arg, 0, arg, (), (), *room))
+            # the same request for pods of other CPU and memory sizes first: a result kept
+            # for one size must not be read for a size it does not hold for
+            for size in (*((500 * e, 1024 * e) for e in (3, 0, 2, 1)), room):
+                free_by_model = dict(cluster.defrag.free_by_model)
+                asked = cluster.weigh(request, None, size, observe=False)
+                assert asked == uncached_costs(cluster, request, size, free_by_model)
             free_by_model = dict(cluster.defrag.free_by_model)
             cached = cluster.weigh(request, None, room, observe=False)
-            assert cached == uncached_costs(cluster, request, room, free_by_model)
             decision = cluster.decide(request, pod_room=room)
             if decision.node is None or decision.fit is None:
                 continue
             assert cached[decision.node] == pytest.approx(min(cached.values()))
             cluster.reserve(f"default/p{i}", f"p{i}", decision.node, decision.fit)
             placed.append(f"default/p{i}")
+
+
+def plain_share_costs(
+    cluster: Cluster, request: Any, pod_room: tuple[int, int]
+) -> dict[str, float]:
+    """A one-share pod's cost per node by the plain definitions (``defrag.fragment``,
+    ``defrag.starved``), with nothing of the policy's shortcuts: the cheapest device's
+    fragment increase, plus the cores the node's CPU and memory can no longer feed. (No
+    pressure term: one device model, where it is zero but for rounding.)"""
+    from hami.core.defragpolicy import STARVED_WEIGHT
+    from hami.core.fit import device_reason
+
+    window = cluster.defrag.shapes
+    (item,) = request.containers[0]
+    selectors = request.selectors_for(item.type_word)
+    costs: dict[str, float] = {}
+    for name, state in cluster.nodes.items():
+        room = cluster.defrag.room[name]
+        cpu_left, memory_left = room[0] - pod_room[0], room[1] - pod_room[1]
+        if cpu_left < 0 or memory_left < 0:
+            continue
+        view = state.views["nvidia"]
+        devices = [defrag.device_key("nvidia", d) for d in view.devices]
+        before = defrag.node_key(devices, window.covered(*room))
+        options = []
+        for i, device in enumerate(view.devices):
+            if device_reason(device, item, selectors, None) is not None:
+                continue
+            after = list(devices)
+            current = after[i]
+            assert current is not None
+            after[i] = defrag.taken(current, item.memory_on(device.total_memory), item.cores)
+            options.append(
+                defrag.fragment(
+                    window, defrag.node_key(after, window.covered(cpu_left, memory_left))
+                )
+                - defrag.fragment(window, before)
+            )
+        if not options:
+            continue
+        free = sum(d[3] for d in before[0])
+        starved = defrag.starved(max(0, free - item.cores), cpu_left, memory_left, window)
+        costs[name] = min(options) + STARVED_WEIGHT * (
+            starved - defrag.starved(free, room[0], room[1], window)
+        )
+    return costs
+
+
+def test_one_record_per_node_gives_the_cost_for_pods_of_every_size() -> None:
+    """Per node and request one record is kept, read for pods of every CPU and memory size
+    (the answer where the pod leaves every shape's pod room, the others by room steps, the
+    starved cores worked out per pod). Nodes from tight to roomy, pods asked smallest first
+    then largest first: every cost equals the plain definition's, so a record read for a
+    size it does not describe shows."""
+    cluster = cluster_with(*((f"n{i}", 2) for i in range(8)))
+    for i in range(8):  # free CPU 2-256 cores, memory 4-512 GiB
+        cluster.set_node_room(f"n{i}", 2000 << i, 4096 << i)
+    for cores, e in itertools.product((20, 50), range(7)):
+        shape = defrag.Shape("nvidia", 1, cores, 0, cores, (), (), 500 * e, 1024 * e)
+        cluster.defrag.shapes.observe(shape)
+    cluster.defrag.shapes.force_reweigh()
+    assert cluster.defrag.shapes.cpu_per_core > 0 and cluster.defrag.shapes.memory_per_core > 0
+    assert place(cluster, share("first", 30), (1000, 2048)) is not None  # devices differ
+    request = parse_pod(share("p", 20), [NVIDIA])
+    assert request is not None
+    # CPU and memory apart, so each is tried with the other one plentiful
+    sizes = list(itertools.product(range(0, 3001, 200), range(0, 6145, 256)))
+    for order in (sizes, sizes[::-1]):
+        for size in order:
+            cached = cluster.weigh(request, None, size, observe=False)
+            plain = plain_share_costs(cluster, request, size)
+            assert cached.keys() == plain.keys(), size
+            for name, cost in cached.items():
+                assert cost == pytest.approx(plain[name], abs=1e-9), (size, name)
+    # one record per node served all of those sizes
+    assert any(len(kept) == 8 for kept in cluster.defrag._records.values())

@@ -284,6 +284,8 @@ class FragmentCache:
         self._weight_of: dict[int, float] = {}
         self._single = 0  # shapes of one device
         self._multi: list[tuple[int, int]] = []  # (bit, devices) of the others
+        self._total_weight = 0.0
+        self._most = 0  # the most devices a shape asks for
 
     def _reset(self) -> None:
         self._values.clear()
@@ -293,11 +295,13 @@ class FragmentCache:
         self._generation = self.window.generation
         self._single = 0
         self._multi = []
+        self._total_weight = sum(w for _s, w in self.window.weights)
         for bit, (shape, _weight) in enumerate(self.window.weights):
             if shape.count <= 1:
                 self._single |= 1 << bit
             else:
                 self._multi.append((bit, shape.count))
+        self._most = max((count for _bit, count in self._multi), default=0)
 
     def __call__(self, key: NodeKey) -> float:
         if self._generation != self.window.generation:
@@ -338,24 +342,45 @@ class FragmentCache:
         return weight
 
     def _compute(self, key: NodeKey) -> float:
-        devices = key[0]
+        masks, met = self.parts(key[0])
+        return self.value(key[0], masks, met & self._room_mask(key))
+
+    def parts(self, devices: Sequence[DeviceKey]) -> tuple[list[int], int]:
+        """The masks of these devices (a node key's, in its order) and the shapes met on
+        them before the node's CPU and memory are asked (``room_mask`` is that part)."""
+        if self._generation != self.window.generation:
+            self._reset()
         masks = [self._mask(d) for d in devices]
         any_device = 0
         for mask in masks:
             any_device |= mask
         met = any_device & self._single
-        for bit, count in self._multi:
-            if sum(mask >> bit & 1 for mask in masks) >= count:
-                met |= 1 << bit
-        met &= self._room_mask(key)
+        if self._multi:
+            # at_least[k]: the shapes k or more of the devices can take a share of
+            at_least = [-1] + [0] * self._most
+            for mask in masks:
+                for k in range(self._most, 0, -1):
+                    at_least[k] |= at_least[k - 1] & mask
+            for bit, count in self._multi:
+                if at_least[count] >> bit & 1:
+                    met |= 1 << bit
+        return masks, met
+
+    def room_mask(self, covered_cpu: int, covered_memory: int) -> int:
+        """The shapes whose pods a node covering that many CPU and memory steps takes."""
+        if self._generation != self.window.generation:
+            self._reset()
+        return self._room_mask(((), covered_cpu, covered_memory))
+
+    def value(self, devices: Sequence[DeviceKey], masks: Sequence[int], met: int) -> float:
+        """The fragment of these devices with these masks, when the shapes ``met`` are."""
         free = 0
         total = 0.0
-        weights = self.window.weights
         for device, mask in zip(devices, masks, strict=True):
             free += device[3]
             if mask & met:
                 total += device[3] * self._weight(mask & met)
-        return free * sum(w for _s, w in weights) - total
+        return free * self._total_weight - total
 
 
 def starved(free_cores: int, free_cpu: int, free_memory: int, window: ShapeWindow) -> float:

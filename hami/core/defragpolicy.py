@@ -25,7 +25,8 @@ DEFRAG = "defrag"
 STARVED_WEIGHT = 2.0
 PRESSURE_WEIGHT = 2.0
 MAX_ANSWERS = 500_000  # cached answers (each a few hundred bytes) before starting over
-MAX_QUESTIONS = 256  # distinct (request, pod CPU and memory) with per-node results kept
+MAX_OPTIONS = 20_000  # node states with their placements kept (a few KiB each)
+MAX_RECORDS = 200_000  # per-node records (``_Record``, ~150 bytes each) before starting over
 
 
 class NodeLike(Protocol):
@@ -49,16 +50,25 @@ class Choice:
 # node's own fit decides the devices.
 _Answer = tuple[float, defrag.DeviceKey | None, str] | None
 _MISSING: _Answer = (0.0, None, "")  # not an answer: absent from the cache
+# A placement to weigh on a node state (``DefragPolicy._options``): the device key to
+# take, the model charged, the devices after it, their masks, the shapes met on them.
+_Candidate = tuple[defrag.DeviceKey | None, str, tuple[defrag.DeviceKey, ...], list[int], int]
+# The fragment before the pod and the placements to weigh, or None: no fit on the node.
+_Options = tuple[float, list[_Candidate]] | None
+_NO_OPTIONS: _Options = (0.0, [])  # not options: absent from the cache
 # A node weighed for a pod: (cost, -utilisation, name, the device key to take).
 _Ranked = tuple[float, float, str, defrag.DeviceKey | None]
 # Per node: (window generation, its key, the key's number, its free cores, its free CPU
 # and memory or None, the cores those starve).
 _Entry = tuple[int, defrag.NodeKey, int, int, tuple[int, int] | None, float]
-# A node's result for one question, kept until the node changes (``_stale``): (its cost
-# but the pressure term, or None for no fit; the model pressure charges; the device key
-# to take; -utilisation).
-_Quick = tuple[float | None, str, defrag.DeviceKey | None, float]
-_NO_FIT: _Quick = (None, "", None, 0.0)
+# What a decision reads of a node for what is asked, kept until the node changes
+# (``_stale``) or the window's weights do: (its key's number, its free CPU and memory
+# (infinite where unknown), the free cores the pod leaves, the cores its CPU and memory
+# starve now (0 where unknown), -utilisation, the answer when the pod leaves every
+# shape's pod room). With it a node's cost for a pod of any CPU and memory is a few
+# operations (``_scan``).
+_Record = tuple[int, float, float, int, float, float, _Answer]
+_UNKNOWN_ROOM = float("inf")
 
 
 class DefragPolicy:
@@ -78,10 +88,11 @@ class DefragPolicy:
         # what is asked -> (node key number, CPU and memory covered after the pod; one int) ->
         # answer, for one window generation
         self._answers: dict[Hashable, dict[int, _Answer]] = {}
+        # what is asked -> node key number -> the placements to weigh there (``_options``)
+        self._options_of: dict[Hashable, dict[int, _Options]] = {}
         self._answers_generation = -1
-        # (what is asked, the pod's CPU and memory) -> node -> its result (``_scan``)
-        self._quick: dict[Hashable, dict[str, _Quick]] = {}
-        self._quick_size = 0
+        # what is asked -> node -> its record (``_Record``)
+        self._records: dict[Hashable, dict[str, _Record]] = {}
 
     def forget(self, node: str) -> None:
         """``node`` changed: its key is worked out again when next needed."""
@@ -91,8 +102,8 @@ class DefragPolicy:
     def _stale(self, node: str) -> None:
         """Drop what was worked out for ``node``: its key and its per-question results."""
         self._keys.pop(node, None)
-        for results in self._quick.values():
-            results.pop(node, None)
+        for records in self._records.values():
+            records.pop(node, None)
 
     def _count_free(self, node: str, key: defrag.NodeKey | None) -> None:
         """Keep the free cores per device model (of the nodes' latest keys)."""
@@ -153,8 +164,8 @@ class DefragPolicy:
     def _new_generation(self) -> None:
         """The window's weights changed: every cached answer and key number is stale."""
         self._answers.clear()
-        self._quick.clear()
-        self._quick_size = 0
+        self._options_of.clear()
+        self._records.clear()
         self._key_ids.clear()
         self._keys.clear()  # their key numbers are gone too
         self._answers_generation = self.shapes.generation
@@ -290,16 +301,30 @@ class DefragPolicy:
         fits is added to it. Nodes in the same state after the pod share one answer
         (``_answers``), unless devices are picked by uuid or link scores.
 
-        The hot loop of a decision: one pass, dictionary look-ups by small ints, and the
-        per-node terms worked out inline (the same arithmetic as ``_starving``)."""
+        The hot loop of a decision: one pass, one look-up of the node's record per node
+        (a second one, of an answer by small int, where the pod leaves too little room for
+        some shape), and the per-node terms worked out inline (the same arithmetic as
+        ``_starving``)."""
         cacheable = _cacheable(request, device_policy)
-        answers = self._answers.setdefault(_asked(request, device_policy), {}) if cacheable else {}
+        answers: dict[int, _Answer] = {}
+        options: dict[int, _Options] = {}
+        records: dict[str, _Record] = {}
+        if cacheable:
+            asked = _asked(request, device_policy)
+            answers = self._answers.setdefault(asked, {})
+            if sum(len(o) for o in self._options_of.values()) > MAX_OPTIONS:
+                self._options_of.clear()  # memory: they are worked out again when needed
+            options = self._options_of.setdefault(asked, {})
+            if sum(len(r) for r in self._records.values()) > MAX_RECORDS:
+                self._records.clear()
+            records = self._records.setdefault(asked, {})
         cpu, memory = pod_room
         shapes = self.shapes
         cpu_steps, memory_steps = shapes.cpu_steps, shapes.memory_steps
         cpu_per_core, memory_per_core = shapes.cpu_per_core, shapes.memory_per_core
-        generation = shapes.generation
-        keys = self._keys
+        # the least CPU and memory left after the pod that covers every shape's pod
+        cpu_top = cpu_steps[-1] if cpu_steps else 0
+        memory_top = memory_steps[-1] if memory_steps else 0
         taken = _cores_of(request)
         # the pressure term per device model: constant through one decision
         press = (
@@ -308,78 +333,57 @@ class DefragPolicy:
             else {}
         )
         starve = STARVED_WEIGHT
-        # this question's per-node results, until the node changes (``_stale``) or the
-        # generation does
-        quick: dict[str, _Quick] = {}
-        if cacheable:
-            question = (_asked(request, device_policy), pod_room)
-            found = self._quick.get(question)
-            if found is None:
-                if len(self._quick) >= MAX_QUESTIONS or self._quick_size > MAX_ANSWERS:
-                    self._quick.clear()
-                    self._quick_size = 0
-                found = self._quick[question] = {}
-            quick = found
         best: _Ranked | None = None
         best_cost = float("inf")
         looked = 0
         for name in names:
-            known = quick.get(name)
-            if known is not None:
-                looked += 1
-                cost, model, pick, neg_util = known
-                if cost is None:
-                    continue
-            else:
+            record = records.get(name)
+            if record is None:
                 node = nodes.get(name)
                 if node is None:
                     continue
-                looked += 1
-                entry = keys.get(name)
-                if entry is None or entry[0] != generation:
-                    entry = self._node_entry(node)
-                _generation, key, number, free, room, starved_before = entry
-                if room is None:
-                    memo = number << 16 | key[1] << 8 | key[2]
-                else:
-                    cpu_left = room[0] - cpu
-                    memory_left = room[1] - memory
-                    if cpu_left < 0 or memory_left < 0:
-                        # kube-scheduler's NodeResourcesFit would not offer it
-                        if cacheable:
-                            quick[name] = _NO_FIT
-                            self._quick_size += 1
-                        continue
-                    memo = (
-                        number << 16
-                        | bisect_right(cpu_steps, cpu_left) << 8
-                        | bisect_right(memory_steps, memory_left)
-                    )
+                record = self._record(node, request, device_policy, share, taken, answers, options)
+                if cacheable:
+                    records[name] = record
+            looked += 1
+            number, free_cpu, free_memory, left, starved_before, neg_util, answer = record
+            if answer is None:
+                continue  # no device takes it, whatever its CPU and memory
+            cpu_left = free_cpu - cpu
+            memory_left = free_memory - memory
+            if cpu_left < 0 or memory_left < 0:
+                continue  # kube-scheduler's NodeResourcesFit would not offer it
+            if cpu_left < cpu_top or memory_left < memory_top:
+                # the pod leaves too little for some shape's pod: that answer
+                memo = (
+                    number << 16
+                    | bisect_right(cpu_steps, cpu_left) << 8
+                    | bisect_right(memory_steps, memory_left)
+                )
                 answer = answers.get(memo, _MISSING)
                 if answer is _MISSING:
-                    answer = self._answer(
-                        node, request, device_policy, share, key, (memo >> 8 & 255, memo & 255)
+                    answer = self._answer_for(
+                        nodes[name], request, device_policy, share, memo, options
                     )
                     if cacheable:
                         answers[memo] = answer
                 if answer is None:
-                    if cacheable:
-                        quick[name] = _NO_FIT
-                        self._quick_size += 1
                     continue
-                cost, pick, model = answer
-                if room is not None and starve:
-                    left = free - taken if free > taken else 0
-                    usable = float(left)
-                    if cpu_per_core > 0:
-                        usable = min(usable, cpu_left / cpu_per_core)
-                    if memory_per_core > 0:
-                        usable = min(usable, memory_left / memory_per_core)
-                    cost += starve * (left - max(0.0, usable) - starved_before)
-                neg_util = -node.utilisation
-                if cacheable:
-                    quick[name] = (cost, model, pick, neg_util)
-                    self._quick_size += 1
+            cost, pick, model = answer
+            if starve:
+                # the cores the node's CPU and memory can no longer feed (``_starving``;
+                # nothing where the node's room is unknown: left and before are 0)
+                # (min and max written out: a builtin call per node is a tenth of the loop)
+                usable = float(left)
+                if cpu_per_core > 0:
+                    fed = cpu_left / cpu_per_core
+                    if fed < usable:
+                        usable = fed
+                if memory_per_core > 0:
+                    fed = memory_left / memory_per_core
+                    if fed < usable:
+                        usable = fed
+                cost += starve * (left - (usable if usable > 0.0 else 0.0) - starved_before)
             if press:
                 cost += press.get(model, 0.0)
             if every is not None:
@@ -391,6 +395,57 @@ class DefragPolicy:
                 best = (cost, neg_util, name, pick)
         return best, looked
 
+    def _record(
+        self,
+        node: NodeLike,
+        request: PodRequest,
+        device_policy: str,
+        share: DeviceRequest | None,
+        taken: int,
+        answers: dict[int, _Answer],
+        options: dict[int, _Options],
+    ) -> _Record:
+        """What a decision reads of ``node`` for this request (``_Record``)."""
+        entry = self._keys.get(node.name)
+        if entry is None or entry[0] != self.shapes.generation:
+            entry = self._node_entry(node)
+        _generation, _key, number, free, room, starved_before = entry
+        shapes = self.shapes
+        memo = number << 16 | len(shapes.cpu_steps) << 8 | len(shapes.memory_steps)
+        answer = answers.get(memo, _MISSING)
+        if answer is _MISSING:
+            answer = answers[memo] = self._answer_for(
+                node, request, device_policy, share, memo, options
+            )
+        if room is None:
+            return (number, _UNKNOWN_ROOM, _UNKNOWN_ROOM, 0, 0.0, -node.utilisation, answer)
+        left = free - taken if free > taken else 0
+        return (number, room[0], room[1], left, starved_before, -node.utilisation, answer)
+
+    def _answer_for(
+        self,
+        node: NodeLike,
+        request: PodRequest,
+        device_policy: str,
+        share: DeviceRequest | None,
+        memo: int,
+        options: dict[int, _Options],
+    ) -> _Answer:
+        """``_answer`` for the node state and room steps ``memo`` packs."""
+        entry = self._keys.get(node.name)
+        if entry is None or entry[0] != self.shapes.generation:
+            entry = self._node_entry(node)
+        return self._answer(
+            node,
+            request,
+            device_policy,
+            share,
+            entry[1],
+            (memo >> 8 & 255, memo & 255),
+            options,
+            memo >> 16,
+        )
+
     def _answer(
         self,
         node: NodeLike,
@@ -399,14 +454,47 @@ class DefragPolicy:
         share: DeviceRequest | None,
         key: defrag.NodeKey,
         after_room: tuple[int, int],
+        options: dict[int, _Options],
+        number: int,
     ) -> _Answer:
+        """The pod's cheapest placement on a node in state ``key`` whose CPU and memory,
+        after the pod, cover ``after_room`` steps. The placements to weigh (``_options``)
+        do not depend on the room, so they are worked out once per node state and only
+        the sum is taken again for each room."""
+        found = options.get(number, _NO_OPTIONS)
+        if found is _NO_OPTIONS:
+            found = options[number] = self._options(node, request, device_policy, share, key)
+        if found is None:
+            return None
+        before, candidates = found
+        fragment = self.fragment
+        room = fragment.room_mask(*after_room)
+        best: _Answer = None
+        for pick, model, devices, masks, met in candidates:
+            cost = fragment.value(devices, masks, met & room) - before
+            if best is None or cost < best[0]:
+                best = (cost, pick, model)
+        return best
+
+    def _options(
+        self,
+        node: NodeLike,
+        request: PodRequest,
+        device_policy: str,
+        share: DeviceRequest | None,
+        key: defrag.NodeKey,
+    ) -> _Options:
+        """The fragment before the pod, and each placement to weigh: (the device key to
+        take, the model charged, the node's devices after it, their masks, the shapes met
+        on them before the room is asked); None when the pod fits nowhere on the node."""
         before = self.fragment(key)
+        fragment = self.fragment
         if share is not None:
             view = node.views.get(share.type_word)
             if view is None or view.unavailable is not None:
                 return None
             selectors = request.selectors_for(share.type_word)
-            best: tuple[float, defrag.DeviceKey, str] | None = None
+            candidates: list[_Candidate] = []
             seen: set[defrag.DeviceKey] = set()
             for device in view.devices:
                 dkey = defrag.device_key(share.type_word, device)
@@ -416,10 +504,9 @@ class DefragPolicy:
                 if device_reason(device, share, selectors, None) is not None:
                     continue
                 after = defrag.taken(dkey, share.memory_on(device.total_memory), share.cores)
-                cost = self.fragment(_replace_all(key, after_room, [(dkey, after)])) - before
-                if best is None or cost < best[0]:
-                    best = (cost, dkey, dkey[0])
-            return best
+                devices = _replace_all(key[0], [(dkey, after)])
+                candidates.append((dkey, dkey[0], devices, *fragment.parts(devices)))
+            return (before, candidates) if candidates else None
         result = fit_pod(node.views, request, device_policy)
         if not isinstance(result, NodeFit):
             return None
@@ -432,19 +519,19 @@ class DefragPolicy:
             if dkey is None:
                 continue
             replaced.append((dkey, defrag.taken(dkey, use.memory, use.cores)))
-        cost = self.fragment(_replace_all(key, after_room, replaced)) - before
-        return cost, None, key[0][0][0] if key[0] else ""
+        devices = _replace_all(key[0], replaced)
+        model = key[0][0][0] if key[0] else ""
+        return before, [(None, model, devices, *fragment.parts(devices))]
 
 
 def _replace_all(
-    key: defrag.NodeKey,
-    room: tuple[int, int],
+    devices: tuple[defrag.DeviceKey, ...],
     pairs: Iterable[tuple[defrag.DeviceKey, defrag.DeviceKey]],
-) -> defrag.NodeKey:
-    devices = list(key[0])
+) -> tuple[defrag.DeviceKey, ...]:
+    changed = list(devices)
     for old, new in pairs:
-        devices[devices.index(old)] = new
-    return (tuple(sorted(devices)), room[0], room[1])
+        changed[changed.index(old)] = new
+    return tuple(sorted(changed))
 
 
 def _word_of(views: Mapping[str, TypeView], device: DeviceState) -> str:
