@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hami.demo.claimrows import placement_rows, slice_uuids
+from hami.demo.claimrows import SliceDevice, placement_rows, slice_devices
 from hami.demo.placement import HEADER
 
 DRIVER = "nvidia.hami.io"
@@ -17,6 +17,11 @@ SLICE = {
         "devices": [
             {"name": "gpu-0", "attributes": {"uuid": {"string": "GPU-a-0"}}},
             {"name": "gpu-1", "attributes": {"uuid": "not a map"}},
+            {
+                "name": "gpu-2-mig-1g-5gb-6",
+                "attributes": {"uuid": {"string": "GPU-a-2"}, "migProfile": {"string": "1g.5gb"}},
+                "capacity": {"memory": {"value": "4864Mi"}, "cores": {"value": "14"}},
+            },
         ],
     }
 }
@@ -62,9 +67,10 @@ def test_rows_follow_each_containers_request() -> None:
         [{"name": "hami", "request": "init0"}, {"name": "hami", "request": "c0"}],
         [{"name": "hami", "resourceClaimName": "p-hami-x"}],
     )
-    uuids = slice_uuids([SLICE, OTHER, "junk"])
-    assert uuids == {(DRIVER, "gpu-a", "gpu-0"): "GPU-a-0"}
-    rows = placement_rows({"p": body}, [("p", "asks")], {"p-hami-x": claim}, uuids, lambda u: u)
+    devices = slice_devices([SLICE, OTHER, "junk"])
+    assert devices[(DRIVER, "gpu-a", "gpu-0")] == SliceDevice("GPU-a-0")
+    assert (DRIVER, "gpu-a", "gpu-1") not in devices  # no uuid: nothing to show
+    rows = placement_rows({"p": body}, [("p", "asks")], {"p-hami-x": claim}, devices, lambda u: u)
     assert rows[0] == HEADER
     init, main = rows[1:]
     assert init == [
@@ -80,3 +86,24 @@ def test_a_missing_claim_or_pod_shows_no_device() -> None:
     rows = placement_rows({"p": body}, [("p", "asks"), ("q", "more")], {}, {}, lambda u: u)
     assert rows[1] == ["p", "asks", "gpu-a", "-", "-", "-", "-", "-", "Running"]
     assert rows[2][-1] == "missing"
+
+
+def test_a_mig_partition_row_has_its_profile_and_the_instance_seen() -> None:
+    claim = {
+        "status": {
+            "allocation": {"devices": {"results": [result("gpu", "gpu-2-mig-1g-5gb-6", None)]}}
+        }
+    }
+    body = pod([], [{"name": "m", "resourceClaimName": "p-m"}])
+    body["spec"]["initContainers"] = []
+    body["spec"]["containers"] = [{"name": "c0", "resources": {"claims": [{"name": "m"}]}}]
+    devices = slice_devices([SLICE])
+    args = ({"p": body}, [("p", "MIG")], {"p-m": claim}, devices, lambda u: f"NVIDIA-{u}")
+    (_, row) = placement_rows(*args, {"p": {"c0": ["MIG-a-2-0001"]}})
+    assert row == [
+        *("p", "MIG", "gpu-a", "MIG-a-2-0001", "GPU-a-2", "4864", "14", "MIG 1g.5gb"),
+        "Running",
+    ]
+    # the instance not known (yet): the GPU's uuid
+    (_, row) = placement_rows(*args)
+    assert row[3] == "GPU-a-2"

@@ -1,7 +1,8 @@
 """``hami demo --mode dra``: the extender demo's HAMi-core pods, submitted unchanged, turned
-into claims by hami's webhook and placed by kube-scheduler alone; the table has the
-extender demo's columns and each row what the pod's spec asks, read from the allocated
-claim; the pod that cannot fit gets ``hami explain``'s answer for claims."""
+into claims by hami's webhook and placed by kube-scheduler alone; its MIG pods as claims
+for the same profiles on the MIG node's partitions; the table has the extender demo's
+columns and each row what the pod asks, read from the allocated claim; the pod that cannot
+fit gets ``hami explain``'s answer for claims."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from test_demo import parse_table
 
 from hami import cli
 from hami.demo.cli import run_demo
-from hami.demo.dra import left_out
+from hami.demo.dra import DRA_MIG_NODE, MIG_PROFILES, left_out
 from hami.demo.placement import HEADER
 from hami.demo.samples import UNFIT, hami_core_samples, samples
 from hami.testkit.cluster import DEMO_NODES
@@ -32,14 +33,19 @@ EXPECTED: dict[str, list[tuple[str, int | None, int]]] = {
     "on-v100": [("on-v100", 10000, 25)],
     "spread-me": [("spread-me", 2000, 0)],
 }
+#: the MIG pods: the extender demo's profiles, memory and cores (tests/test_demo.py)
+MIG_ROWS = {"mig-small": ("1g.5gb", 4864, 15), "mig-large": ("3g.20gb", 19968, 43)}
 
 
 def test_the_dra_demo_submits_the_extender_demos_pod_specs() -> None:
     extender = {s.name: s.pod for s in samples()}
     core = hami_core_samples()
     assert all(extender[s.name] == s.pod for s in core)
-    assert sorted([*(s.name for s in core), *(s.name for s in left_out())]) == sorted(extender)
+    here = [*(s.name for s in core), *MIG_PROFILES, *(s.name for s in left_out())]
+    assert sorted(here) == sorted(extender)
     assert sorted(EXPECTED) == sorted(s.name for s in core if s.name != UNFIT)
+    assert sorted(MIG_ROWS) == sorted(MIG_PROFILES)
+    assert [s.name for s in left_out()] == ["npu-vnpu"]
 
 
 async def test_dra_demo_prints_the_extender_table_from_claims(controlplane: ControlPlane) -> None:
@@ -50,8 +56,8 @@ async def test_dra_demo_prints_the_extender_table_from_claims(controlplane: Cont
     header = next(line for line in lines if line.split()[:2] == ["POD", "REQUEST"])
     assert re.split(r"\s{2,}", header.strip()) == HEADER  # the extender demo's columns
     rows = parse_table(lines)
-    assert sorted(rows) == sorted([*EXPECTED, UNFIT])
-    nodes = {spec.name for spec in DEMO_NODES}
+    assert sorted(rows) == sorted([*EXPECTED, *MIG_ROWS, UNFIT])
+    nodes = {spec.name for spec in DEMO_NODES}  # HAMi-core shares never on the MIG GPU
     for name, expected in EXPECTED.items():
         got = rows[name]
         assert [r["POD"] for r in got] == [label for label, _, _ in expected], got
@@ -65,12 +71,21 @@ async def test_dra_demo_prints_the_extender_table_from_claims(controlplane: Cont
     assert rows["train-a100"][0]["MODEL"] == "A100-SXM4-40GB"
     assert rows["on-v100"][0]["MODEL"] == "Tesla V100-PCIE-32GB"
     assert len({r["DEVICE"] for r in rows["multi-gpu"]}) == 2
+    # MIG: the profile's instance on the MIG node, the MIG device the container sees
+    for name, (profile, memory, cores) in MIG_ROWS.items():
+        (row,) = rows[name]
+        assert row["NODE"] == DRA_MIG_NODE.name and row["STATUS"] == "Running", row
+        assert row["SHARED AS"] == f"MIG {profile}", row
+        assert (int(row["MEMORY MiB"]), int(row["CORES %"])) == (memory, cores), row
+        assert row["DEVICE"].startswith("MIG-") and row["MODEL"] == "A100-SXM4-40GB", row
+    assert rows["mig-small"][0]["DEVICE"] != rows["mig-large"][0]["DEVICE"]
     (unfit,) = rows[UNFIT]
     assert unfit["STATUS"] == "Pending" and unfit["NODE"] == "-"
 
-    for sample in left_out():  # MIG and Ascend: said, not silently dropped
+    assert any(line.startswith("mig-small, mig-large: ") for line in lines)
+    for sample in left_out():  # Ascend: said, not silently dropped
         assert any(line.startswith(f"not submitted: {sample.name} ") for line in lines)
-    assert f"{UNFIT} is Pending: 0/3 nodes are available: 3 cannot allocate all claims" in text
+    assert f"{UNFIT} is Pending: 0/4 nodes are available: 4 cannot allocate all claims" in text
     # hami explain for claims: the request, then every node with each device's shortfall
     found = [i for i, line in enumerate(lines) if line.startswith("hami explain (claims):")]
     assert found, f"no hami explain answer for {UNFIT}:\n{text}"
@@ -79,6 +94,7 @@ async def test_dra_demo_prints_the_extender_table_from_claims(controlplane: Cont
     for node in sorted(nodes):
         (line,) = [x for x in lines[at + 1 :] if x.startswith(f"  {node}: ")]
         assert re.search(r"GPU-\w+-\d-0 has \d+ MiB in all, .* asks 64000 MiB", line), line
+    assert any(x.startswith(f"  {DRA_MIG_NODE.name}: ") for x in lines[at + 1 :])
     assert "shutting down" in text and text.rstrip().endswith("done")
 
 
