@@ -32,7 +32,13 @@ extender; kube-scheduler's profile ``hami-scheduler`` is the default plugin set,
 allocates ResourceClaims against the ResourceSlices the node agents publish (backend
 ``fake`` in ``mode: dra``), kube-controller-manager runs the resourceclaim controller, and
 each kubelet emulator discovers the node's DRA plugin and prepares claims through it (its
-own registration, plugin and CDI directories under the node's directory).
+own registration, plugin and CDI directories under the node's directory). With
+``webhook=True`` it runs hami's role for its webhook, which turns pods written for the
+extender mode into claims (docs/dra.md "Unchanged HAMi pods").
+
+``dra_nodes`` runs the named nodes of an extender-mode cluster in the DRA mode: both modes
+on one API server, one kube-scheduler; the webhook sends a device pod to either by its
+namespace's ``hami.io/device-mode`` label (``add_namespace``).
 """
 
 from __future__ import annotations
@@ -249,7 +255,8 @@ class SimNode:
         self.agent: NodeAgent | None = None
         self._task: asyncio.Task[None] | None = None
         self.cfg = cluster.cfg
-        if cluster.mode == "dra":
+        self.dra = cluster.is_dra(spec.name)
+        if self.dra:
             # each node its own kubelet directories (a real node has them at fixed paths)
             dra = config.DRANodeConfig(
                 plugins_dir=str(self.dir / "dra"),
@@ -257,11 +264,13 @@ class SimNode:
                 cdi_dir=str(self.dir / "cdi"),
             )
             node_cfg = dataclasses.replace(self.cfg.node, dra=dra)
-            self.cfg = dataclasses.replace(self.cfg, node=node_cfg)
+            backends = dict(self.cfg.backends)
+            backends["fake"] = dataclasses.replace(backends["fake"], mode="dra")
+            self.cfg = dataclasses.replace(self.cfg, node=node_cfg, backends=backends)
         self.backend_name = "fake"
         self.backend: Backend
         if spec.mode == "mig":
-            if cluster.mode == "dra":
+            if self.dra:
                 raise ValueError(f"node {spec.name}: MIG nodes run in the extender mode only")
             # no usage monitor: containers on MIG instances run without HAMi-core's files
             monitor = dataclasses.replace(self.cfg.node.monitor, enabled=False)
@@ -291,7 +300,7 @@ class SimNode:
 
     async def start_kubelet(self) -> KubeletEmulator:
         dra: dict[str, Any] = {}
-        if self.cluster.mode == "dra":
+        if self.dra:
             dra = {
                 "dra_registry_dir": self.cfg.node.dra.registry_dir,
                 "cdi_dirs": [self.cfg.node.dra.cdi_dir],
@@ -326,7 +335,7 @@ class SimNode:
         )
         self._task = asyncio.create_task(self.agent.run(), name=f"node-agent[{self.name}]")
         await self.agent.wait_ready()
-        if self.cluster.mode == "dra":
+        if self.dra:
             await self.kubelet.wait_for_dra_driver(DRA_DRIVER)
             await self.wait_published()
             return
@@ -383,6 +392,7 @@ class LocalCluster:
         mode: str = "extender",
         defrag_cpu_pods: bool = False,
         dra_score: bool = False,
+        dra_nodes: Sequence[str] = (),
         ascend: Sequence[AscendNodeSpec] = (),
     ) -> None:
         if mode not in MODES:
@@ -393,6 +403,12 @@ class LocalCluster:
             raise ValueError("dra_score: the DRA mode's node score needs mode='dra'")
         self.mode = mode
         self.dra_score = dra_score
+        unknown = set(dra_nodes) - {spec.name for spec in nodes}
+        if unknown:
+            raise ValueError(f"dra_nodes: no such nodes {sorted(unknown)}")
+        #: nodes whose agent runs the fake backend in mode dra (all in mode="dra")
+        self.dra_nodes = frozenset(dra_nodes)
+        self._namespaces: list[str] = []  # made by add_namespace, deleted on stop
         self.id = uuid.uuid4().hex[:6]
         self.specs = list(nodes)
         self.ascend_specs = list(ascend)
@@ -452,6 +468,7 @@ class LocalCluster:
                 "tls_mode": "files",  # a certificate of the test CA, written below
                 "cert_file": str(self.workdir / "webhook.crt"),
                 "key_file": str(self.workdir / "webhook.key"),
+                "device_mode": self.mode,  # namespaces without hami.io/device-mode
             }
         backends: dict[str, Any] = {
             "nvidia": {"enabled": False},
@@ -550,11 +567,17 @@ class LocalCluster:
             self.controller_manager = self.plane.start_controller_manager(
                 name=f"kube-controller-manager-{self.id}"
             )
-            if self.dra_score:
-                self.progress(f"starting the hami scheduler role (DRA score) on :{self.port} ...")
+            if self.dra_score or self.webhook:
+                self.progress(
+                    f"starting the hami scheduler role (DRA score, webhook) on :{self.port} ..."
+                )
                 await self.start_role()
             self.progress("starting kube-scheduler (default plugins: DRA allocates) ...")
         else:
+            if self.dra_nodes:
+                self.controller_manager = self.plane.start_controller_manager(
+                    name=f"kube-controller-manager-{self.id}"
+                )
             self.progress(f"starting the hami scheduler role on 127.0.0.1:{self.port} ...")
             await self.start_role()
             self.progress("starting kube-scheduler with hami as its extender ...")
@@ -582,7 +605,7 @@ class LocalCluster:
             self.ascend[spec.name] = stand_in
             await stand_in.start()
         if self.mode != "dra":
-            await self.wait_available(self.nodes, True)
+            await self.wait_available([n for n in self.nodes if not self.is_dra(n)], True)
             await poll(
                 lambda: all(self.type_available(s.name, s.word) for s in self.ascend_specs),
                 30.0,
@@ -646,19 +669,44 @@ class LocalCluster:
         await self.stop_role()
         return await self.start_role()
 
-    async def _ensure_namespace(self) -> None:
-        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}}
+    def is_dra(self, node: str) -> bool:
+        """Whether the node's agent runs in the DRA mode."""
+        return self.mode == "dra" or node in self.dra_nodes
+
+    async def _ensure_namespace(
+        self, name: str | None = None, labels: Mapping[str, str] | None = None
+    ) -> None:
+        # the cluster's label lets the test webhook's namespaceSelector find it
+        labels = {**(labels or {}), CLUSTER_LABEL: self.id}
+        name = name or self.namespace
+        body = {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": name, "labels": labels},
+        }
         try:
             await self.kube.create("/api/v1/namespaces", body)
         except KubeError as exc:
             if exc.status != 409:
                 raise
+            await self.kube.merge_patch(
+                f"/api/v1/namespaces/{name}", {"metadata": {"labels": labels}}
+            )
+
+    async def add_namespace(self, name: str, labels: Mapping[str, str] | None = None) -> None:
+        """Another namespace the cluster's webhook serves (e.g. labelled
+        ``hami.io/device-mode: dra``); deleted on stop."""
+        await self._ensure_namespace(name, labels)
+        self._namespaces.append(name)
 
     async def _cleanup_objects(self) -> None:
         for name in [*self.nodes, *self.ascend]:
             with contextlib.suppress(KubeError):
                 await self.kube.delete(f"/api/v1/nodes/{name}")
-        if self.mode == "dra":
+        for name in self._namespaces:
+            with contextlib.suppress(KubeError):
+                await self.kube.delete(f"/api/v1/namespaces/{name}")
+        if self.mode == "dra" or self.dra_nodes:
             # the agents' DeviceClass is cluster-scoped: gone with the cluster, so a later
             # cluster on the same API server starts from the agents' own body
             with contextlib.suppress(KubeError):
@@ -696,7 +744,8 @@ class LocalCluster:
                 {
                     "name": "vgpu.hami.io",
                     "admissionReviewVersions": ["v1"],
-                    "sideEffects": "None",
+                    # the DRA path creates ResourceClaimTemplates, never in a dry run
+                    "sideEffects": "NoneOnDryRun",
                     "failurePolicy": "Fail",
                     "timeoutSeconds": 10,
                     "clientConfig": {
@@ -711,9 +760,7 @@ class LocalCluster:
                             "resources": ["pods"],
                         }
                     ],
-                    "namespaceSelector": {
-                        "matchLabels": {"kubernetes.io/metadata.name": self.namespace}
-                    },
+                    "namespaceSelector": {"matchLabels": {CLUSTER_LABEL: self.id}},
                     # only pods that opt in: other tests create pods without the webhook
                     "objectSelector": {"matchLabels": {CLUSTER_LABEL: self.id}},
                 }
@@ -786,16 +833,19 @@ class LocalCluster:
     def _pods_path(self) -> str:
         return pods_path(self.namespace)
 
-    async def create_pod(self, pod: Mapping[str, Any]) -> dict[str, Any]:
-        """Create a pod in the cluster's namespace, restricted to the cluster's nodes."""
+    async def create_pod(
+        self, pod: Mapping[str, Any], namespace: str | None = None
+    ) -> dict[str, Any]:
+        """Create a pod in the cluster's namespace (or ``namespace``), restricted to the
+        cluster's nodes."""
         body = copy.deepcopy(dict(pod))
         spec = dict(body.get("spec") or {})
         spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **self.node_selector}
         body["spec"] = spec
-        return await self.kube.create(self._pods_path(), body)
+        return await self.kube.create(pods_path(namespace or self.namespace), body)
 
-    async def get_pod(self, name: str) -> dict[str, Any]:
-        return await self.kube.get_pod(self.namespace, name)
+    async def get_pod(self, name: str, namespace: str | None = None) -> dict[str, Any]:
+        return await self.kube.get_pod(namespace or self.namespace, name)
 
     async def list_pods(self) -> list[dict[str, Any]]:
         return await self.kube.list_pods(namespace=self.namespace)
@@ -833,13 +883,14 @@ class LocalCluster:
         name: str,
         predicate: Callable[[dict[str, Any]], bool] | None = None,
         timeout: float = 30.0,  # noqa: ASYNC109
+        namespace: str | None = None,
     ) -> dict[str, Any]:
         """Poll until the pod satisfies ``predicate`` (default: it is no longer Pending)."""
         check = predicate or (lambda pod: phase_of(pod) != "Pending")
         found: dict[str, Any] = {}
 
         async def ready() -> bool:
-            found["pod"] = await self.get_pod(name)
+            found["pod"] = await self.get_pod(name, namespace)
             return check(found["pod"])
 
         try:
