@@ -11,7 +11,7 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
-from hami.kube.client import Kube
+from hami.kube.client import Kube, Page
 from hami.kube.raw import KubeError, Unreachable
 from hami.kube.reflector import Reflector
 from hami.testkit.cluster import poll
@@ -79,8 +79,8 @@ async def test_down_for_tracks_a_broken_stream() -> None:
     class FakeKube:
         """Lists work; the watch is refused until ``fail`` clears, then stays open."""
 
-        async def list_all(self, *args: Any, **kwargs: Any) -> tuple[list[Any], str]:
-            return [], "1"
+        async def list_pages(self, *args: Any, **kwargs: Any) -> AsyncIterator[Page]:
+            yield Page([], "1", True)
 
         @contextlib.asynccontextmanager
         async def stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[AsyncIterator[Any]]:

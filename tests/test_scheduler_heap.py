@@ -55,8 +55,33 @@ def test_settle_freezes_what_exists_and_later_garbage_is_collected(fresh_gc: Non
 async def test_role_settles_the_heap_after_both_lists(kube: Kube, fresh_gc: None) -> None:
     async with running_scheduler(kube, FakeClock()) as role:
         assert role.scheduler.nodes_synced.is_set() and role.scheduler.pods_synced.is_set()
-        await poll(lambda: gc.get_freeze_count() > 0, what="the heap frozen after sync")
-        assert gc.get_threshold() == heap.THRESHOLD
+        # (the pages froze already; settle's threshold says settle itself ran)
+        await poll(lambda: gc.get_threshold() == heap.THRESHOLD, what="the heap settled")
+        assert gc.get_freeze_count() > 0
+
+
+def test_freeze_listed_collects_a_pages_garbage_and_freezes_the_rest(fresh_gc: None) -> None:
+    kept = _Node()
+    garbage = _Node()
+    gone = weakref.ref(garbage)
+    del garbage
+    heap.freeze_listed()
+    assert gone() is None  # collected first, not frozen for good
+    assert gc.get_freeze_count() > 0
+    assert not any(obj is kept for obj in gc.get_objects())  # frozen: never walked again
+
+
+@pytest.mark.controlplane
+async def test_role_freezes_after_each_page_of_the_initial_lists(
+    kube: Kube, fresh_gc: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[bool] = []
+    monkeypatch.setattr(heap, "freeze_listed", lambda: calls.append(True))
+    async with running_scheduler(kube, FakeClock()) as role:
+        assert role.scheduler.nodes_synced.is_set() and role.scheduler.pods_synced.is_set()
+        assert len(calls) >= 2  # a page of nodes and a page of pods at least
+        listed = [r for r in role.reflectors if r.name in ("nodes", "pods")]
+        assert len(listed) == 2 and all(r.after_initial_page is not None for r in listed)
 
 
 def test_an_unchanged_pod_keeps_its_record_and_strings_are_shared() -> None:

@@ -173,8 +173,11 @@ class SchedulerRole:
         score = self.dra_score
         if score is not None:
             on_node, on_pod = _fan_out(on_node, score.on_node), _fan_out(on_pod, score.on_pod)
-        nodes = Reflector(self.kube, "/api/v1/nodes", on_node, name="nodes")
-        pods = Reflector(self.kube, "/api/v1/pods", on_pod, name="pods")
+        freeze = heap.freeze_listed
+        nodes = Reflector(
+            self.kube, "/api/v1/nodes", on_node, name="nodes", after_initial_page=freeze
+        )
+        pods = Reflector(self.kube, "/api/v1/pods", on_pod, name="pods", after_initial_page=freeze)
         self.reflectors = [nodes, pods]
         work: list[tuple[str, Work]] = [
             ("reflector-nodes", nodes.run),
