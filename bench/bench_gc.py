@@ -14,7 +14,13 @@ and stop), by generation and by phase:
   fifth call);
 - ``relist``: every Node, then every running Pod (unless ``--no-pods``) seen again
   unchanged with a new resourceVersion (watch relists after 410 Gone), then filter calls
-  again; the longest single event is printed too.
+  again; the longest single event is printed too. Each page of ``PAGE_SIZE`` objects is
+  made and handed over before the next, as ``Reflector._list`` does; ``--held`` holds the
+  whole list meanwhile instead (the reflector before f582cbb).
+
+During the build the heap is frozen after every ``PAGE_SIZE`` objects handed over, as the
+role's reflectors do after each page of their initial lists (``heap.freeze_listed``);
+``--no-page-freeze`` leaves that out (before f582cbb).
 
 Unless ``--no-tune``, the heap is settled once both lists are in, as the scheduler role
 does when both reflectors report synced (``hami.scheduler.heap.settle``). Printed:
@@ -34,6 +40,8 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator
+from itertools import islice
 from typing import Any
 
 from bench_filter import KIND, build, percentile, rss_mib
@@ -41,8 +49,9 @@ from bench_filter_scale import Lists, kube_count
 from bench_filter_scale import run as run_calls
 
 from hami import config, log
+from hami.kube.client import PAGE_SIZE
 from hami.protocol import encode_pod_devices
-from hami.scheduler.heap import settle
+from hami.scheduler.heap import freeze_listed, settle
 from hami.scheduler.service import Scheduler
 
 
@@ -101,23 +110,26 @@ def calls(scheduler: Scheduler, names: list[str], args: argparse.Namespace) -> l
     return lines
 
 
-def deliver(handler: Any, items: list[dict[str, Any]]) -> float:
-    """Hand every listed object over, the whole list held meanwhile (as
-    ``Reflector._list`` holds ``list_all``'s items); the longest event in ms."""
+def deliver(handler: Any, items: Iterator[dict[str, Any]], held: bool) -> float:
+    """Hand every listed object over a page at a time (as ``Reflector._list``), or with
+    the whole list held meanwhile (``--held``); the longest event in ms."""
     longest = 0.0
-    for obj in items:
-        began = time.perf_counter()
-        handler("MODIFIED", obj)
-        longest = max(longest, time.perf_counter() - began)
+    pages = [list(items)] if held else iter(lambda: list(islice(items, PAGE_SIZE)), [])
+    for page in pages:
+        for obj in page:
+            began = time.perf_counter()
+            handler("MODIFIED", obj)
+            longest = max(longest, time.perf_counter() - began)
+        del page
     return longest * 1000
 
 
-def relist(scheduler: Scheduler) -> float:
-    """Every Node again with a new resourceVersion, as a relist hands them over."""
-    items = []
-    for name, node in list(scheduler.cluster.nodes.items()):
+def node_objects(scheduler: Scheduler) -> Iterator[dict[str, Any]]:
+    """Every Node again with a new resourceVersion, made as its page is listed."""
+    for name in list(scheduler.cluster.nodes):  # strings only: nothing for gc to track
+        node = scheduler.cluster.nodes[name]
         register = next(iter(node.types.values())).register_value
-        obj = {  # bench_filter.build's annotations, a new resourceVersion
+        yield {  # bench_filter.build's annotations, a new resourceVersion
             "metadata": {
                 "name": name,
                 "resourceVersion": "2",
@@ -127,16 +139,14 @@ def relist(scheduler: Scheduler) -> float:
                 },
             }
         }
-        items.append(obj)
-    return deliver(scheduler.on_node, items)
 
 
-def relist_pods(scheduler: Scheduler) -> float:
-    """Every running pod again, unchanged, as a pod relist hands them over."""
-    items = []
-    for key, record in list(scheduler.cluster.pods.items()):
+def pod_objects(scheduler: Scheduler) -> Iterator[dict[str, Any]]:
+    """Every running pod again, unchanged, made as its page is listed."""
+    for key in list(scheduler.cluster.pods):
+        record = scheduler.cluster.pods[key]
         namespace, name = key.split("/", 1)
-        obj = {  # bench_filter.build's pod
+        yield {  # bench_filter.build's pod
             "metadata": {
                 "name": name,
                 "namespace": namespace,
@@ -153,8 +163,26 @@ def relist_pods(scheduler: Scheduler) -> float:
             "spec": {"nodeName": record.node, "containers": [{"name": "c"}]},
             "status": {"phase": "Running"},
         }
-        items.append(obj)
-    return deliver(scheduler.on_pod, items)
+
+
+class PageFreezer:
+    """Freezes after every ``PAGE_SIZE`` objects handed over during the build, as the
+    reflectors' ``after_initial_page`` does; times each freeze."""
+
+    def __init__(self) -> None:
+        self.handed = 0
+        self.ms: list[float] = []
+
+    def wrap(self, handler: Callable[[str, Any], None]) -> Callable[[str, Any], None]:
+        def counted(kind: str, obj: Any) -> None:
+            handler(kind, obj)
+            self.handed += 1
+            if self.handed % PAGE_SIZE == 0:
+                began = time.perf_counter()
+                freeze_listed()
+                self.ms.append((time.perf_counter() - began) * 1000)
+
+        return counted
 
 
 def measure(nodes: int, args: argparse.Namespace) -> None:
@@ -162,9 +190,15 @@ def measure(nodes: int, args: argparse.Namespace) -> None:
     gc.callbacks.append(pauses)
     cfg = config.from_mapping({"scheduler": {"node_policy": args.policy}}, env={})
     scheduler = Scheduler(cfg.scheduler, [KIND], None, emit_events=False)
+    freezer = PageFreezer()
+    if args.page_freeze:  # instance attributes over the methods, for the build only
+        scheduler.on_node = freezer.wrap(scheduler.on_node)  # type: ignore[method-assign,assignment]
+        scheduler.on_pod = freezer.wrap(scheduler.on_pod)  # type: ignore[method-assign,assignment]
     began = time.perf_counter()
     pods = build(scheduler, nodes, args.seed)
     built = time.perf_counter() - began
+    if args.page_freeze:
+        del scheduler.on_node, scheduler.on_pod
     scheduler.nodes_synced.set()
     scheduler.pods_synced.set()
     settled = ""
@@ -173,12 +207,19 @@ def measure(nodes: int, args: argparse.Namespace) -> None:
         settle()
         settled = f", settled in {(time.perf_counter() - began) * 1000:.0f} ms"
     print(
-        f"== {nodes} nodes x 8 devices, {args.policy}, {'tuned' if args.tune else 'defaults'}"
+        f"== {nodes} nodes x 8 devices, {args.policy}, {'tuned' if args.tune else 'defaults'},"
+        f" relist {'held' if args.held else 'paged'},"
+        f" {'page freezes' if args.page_freeze else 'no page freeze'}"
         f" (threshold {gc.get_threshold()}): {pods} running pods, built in {built:.0f}s"
         f"{settled}, load {os.getloadavg()[0]:.2f}",
         flush=True,
     )
     print(f"  after build: rss {rss_mib():.0f} MiB, {tracked()}")
+    if freezer.ms:
+        print(
+            f"  page freezes: {len(freezer.ms)}, max {max(freezer.ms):.2f} ms,"
+            f" total {sum(freezer.ms):.0f} ms"
+        )
     print("  build pauses:")
     print("\n".join(pauses.report("build")))
     names = sorted(scheduler.cluster.nodes)
@@ -189,10 +230,10 @@ def measure(nodes: int, args: argparse.Namespace) -> None:
     print("\n".join(pauses.report("filter")))
     pauses.phase = "relist"
     began = time.perf_counter()
-    longest = relist(scheduler)
+    longest = deliver(scheduler.on_node, node_objects(scheduler), args.held)
     took = time.perf_counter() - began
     began = time.perf_counter()
-    longest_pod = relist_pods(scheduler) if args.pods else 0.0
+    longest_pod = deliver(scheduler.on_pod, pod_objects(scheduler), args.held) if args.pods else 0.0
     took_pods = time.perf_counter() - began
     lines = calls(scheduler, names, args)
     print(
@@ -213,6 +254,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-tune", dest="tune", action="store_false")
     parser.add_argument("--no-pods", dest="pods", action="store_false", help="relist nodes only")
+    parser.add_argument("--held", action="store_true", help="relists hold the whole list")
+    parser.add_argument(
+        "--no-page-freeze", dest="page_freeze", action="store_false", help="no freeze per page"
+    )
     args = parser.parse_args()
     log.configure("warning", "console", stream=sys.stderr)
     if len(args.nodes) > 1:  # one process per cluster
@@ -220,6 +265,9 @@ def main() -> None:
             command = [sys.executable, __file__, "--nodes", str(nodes), "--calls", str(args.calls)]
             command += ["--policy", args.policy, "--seed", str(args.seed)]
             command += [] if args.tune else ["--no-tune"]
+            command += (["--held"] if args.held else []) + (
+                [] if args.page_freeze else ["--no-page-freeze"]
+            )
             subprocess.run(command + ([] if args.pods else ["--no-pods"]), check=True)
         return
     print(f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
