@@ -296,6 +296,20 @@ class Backend(abc.ABC):
         """The container's environment, mounts and device nodes. Pure unless
         ``allocate_does_io``; raises BackendError."""
 
+    def decision_devices(
+        self,
+        devices: Sequence[ContainerDevice],
+        node_devices: Sequence[Device],
+        node: str,
+        annotations: Mapping[str, str],
+    ) -> list[ContainerDevice]:
+        """One container's devices from the pod's decision with each device named by its
+        uuid on this node (``node``; ``annotations`` the pod's), before they are checked
+        and allocated. The default keeps them: a scheduler names devices as registered.
+        Cambricon: Go HAMi names cards it reads from kubelet capacity by their position.
+        Pure; raises BackendError naming what is wrong with an unreadable name."""
+        return list(devices)
+
     def admin_allocation(self, request: AllocationRequest) -> ContainerAllocation:
         """The answer for a DRA admin-access claim (monitoring, debugging; docs/dra.md
         "Admin access"): ``request.devices`` made visible to the container and nothing

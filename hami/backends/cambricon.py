@@ -218,6 +218,21 @@ class CambriconBackend(Backend):
 
     # Allocation
 
+    def decision_devices(
+        self,
+        devices: Sequence[ContainerDevice],
+        node_devices: Sequence[Device],
+        node: str,
+        annotations: Mapping[str, str],
+    ) -> list[ContainerDevice]:
+        """Go HAMi 2.10 names the cards it reads from this node's capacity
+        ``{node}-cambricon-mlu-{i}``: card ``i`` in index order, as the capacity counts them."""
+        uuids = [d.uuid for d in sorted(node_devices, key=lambda d: d.index)]
+        try:
+            return cambricon_go.our_cards(devices, node, uuids, annotations)
+        except ValueError as exc:
+            raise BackendError(str(exc)) from None
+
     def allocate(self, request: AllocationRequest) -> ContainerAllocation:
         pod = f"{request.pod_namespace}/{request.pod_name}"
         if not request.devices:
@@ -233,10 +248,11 @@ class CambriconBackend(Backend):
                     f"not on this node (known: {', '.join(sorted(cards)) or 'none'})"
                 )
             slots.append(card.index)
-            # A whole card is the memory the node registered (after memory scaling), which
-            # is what a request for 100 % of the card's memory is given.
+            # A whole card is the memory the node registered (after memory scaling) in
+            # whole vmemory units: what either scheduler gives 100 % of the card (Go reads
+            # only the units the agent advertises).
             registered = self.to_node_devices([card])[0].memory
-            split = split or device.memory < registered
+            split = split or device.memory < cambricon_go.whole_card_mib(registered)
 
         nodes = [self._node(self.opts["dev_path"].format(slot=s)) for s in slots]
         nodes.append(self._node(self.opts["ctl_path"]))

@@ -14,6 +14,8 @@ the cards of a node this project serves.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -33,6 +35,57 @@ _INT32_MAX = 2**31 - 1
 def card_id(node: str, index: int) -> str:
     """The id Go gives the card at ``index`` of a node it reads from capacity."""
     return f"{node}-cambricon-mlu-{index}"
+
+
+_PROFILE = re.compile(r"(0|[1-9][0-9]{0,8})_(0|[1-9][0-9]{0,8})_(0|[1-9][0-9]{0,8})", re.ASCII)
+_INDEX = re.compile(r"0|[1-9][0-9]{0,8}", re.ASCII)
+
+
+def our_cards(
+    devices: Sequence[ContainerDevice],
+    node: str,
+    uuids: Sequence[str],
+    annotations: Mapping[str, str],
+) -> list[ContainerDevice]:
+    """A decision's devices with Go's capacity ids (``{node}-cambricon-mlu-{i}``) named by
+    the uuid of this node's card ``i`` (``uuids``: the node's cards in index order, as its
+    capacity counts them); other names are kept for the caller's check. The dsmlu profile
+    Go writes beside them, when present, must be ``{index}_{cores}_{units}`` of a card here.
+    Raises ValueError saying what is wrong."""
+    profile = annotations.get(PROFILE)
+    if profile is not None:
+        match = _PROFILE.fullmatch(profile)
+        if match is None:
+            raise ValueError(
+                f"{PROFILE} {profile[:100]!r} is not {{card index}}_{{cores}}_{{memory units}}"
+            )
+        if int(match[1]) >= len(uuids):
+            raise ValueError(
+                f"{PROFILE} {profile!r} names card {match[1]}, the node has {len(uuids)}"
+            )
+    prefix = card_id(node, 0)[:-1]
+    out: list[ContainerDevice] = []
+    for device in devices:
+        if not device.uuid.startswith(prefix):
+            out.append(device)
+            continue
+        tail = device.uuid[len(prefix) :]
+        if not _INDEX.fullmatch(tail):
+            raise ValueError(f"device {device.uuid!r} does not end in a card index")
+        index = int(tail)
+        if index >= len(uuids):
+            raise ValueError(
+                f"device {device.uuid} names card {index}, the node has {len(uuids)} "
+                f"(cards 0..{len(uuids) - 1})"
+            )
+        out.append(dataclasses.replace(device, uuid=uuids[index]))
+    return out
+
+
+def whole_card_mib(memory_mib: int) -> int:
+    """The memory a whole card is given by a scheduler that reads its vmemory units: the
+    registered memory cut to whole 256 MiB units (Go's 100 % of a card)."""
+    return max(memory_mib, 0) // MEMORY_UNIT_MIB * MEMORY_UNIT_MIB
 
 
 def devices_from_capacity(

@@ -210,6 +210,7 @@ def plan_allocation(
     # the pod's annotations as the containers answered so far leave them (NVIDIA MIG: the
     # completed reservations), and what of them to write back
     seen = dict(annotations_of(pod))
+    node = seen.get(keys.VGPU_NODE) or str((pod.get("spec") or {}).get("nodeName") or "")
     written: dict[str, str] = {}
     for count in requested:
         index = first_pending_entry(entries)
@@ -236,8 +237,13 @@ def plan_allocation(
                 f"(the pod has {len(containers)})",
                 ref,
             )
+        where = f"annotation {key} entry {index}"
         try:
-            check_entry(devices, backend, node_devices, f"annotation {key} entry {index}")
+            devices = backend.decision_devices(devices, node_devices, node, seen)
+        except BackendError as exc:
+            raise AllocateError(f"{where}: {exc}; {_FIX}", ref) from None
+        try:
+            check_entry(devices, backend, node_devices, where)
         except AllocateError as exc:
             raise AllocateError(exc.cause, ref) from None
         container = containers[position]
