@@ -26,15 +26,16 @@ from _jsonpatch import apply_patch
 from hami.backends import registry
 from hami.backends.ascend import BACKENDS as ASCEND_CLASSES
 from hami.backends.ascend import AscendBackend
-from hami.core.fit import fit_container
+from hami.core.fit import NodeFit, TypeView, fit_pod
 from hami.core.requests import (
-    NO_SELECTORS,
     DeviceKind,
+    PodRequest,
     RequestError,
     asks_for,
     container_resources,
     parse_device_request,
     parse_quantity,
+    parse_selectors,
 )
 from hami.core.usage import DeviceState
 from hami.protocol import ContainerDevice, ProtocolError, encode_pod_devices
@@ -67,10 +68,6 @@ COUNT_ZERO = (
     "whole chip's memory into the container all the same"
 )
 SEVEN_FIELD = "one register reader for every type: the 7-field form is read for Ascend too"
-SOFT_NODE = (
-    "a soft-split pod (huawei.com/vnpu-mode: hami-core) is not yet kept off nodes whose "
-    "plug-in offers no soft split (hami-vnpu-core: false); Go's Fit refuses them, ModeNotFit"
-)
 
 DELIBERATE: dict[str, dict[str, str]] = {
     "nodes": {"Ascend910B3-not-json": SEVEN_FIELD},
@@ -81,7 +78,7 @@ DELIBERATE: dict[str, dict[str, str]] = {
         "Ascend910B3-count-zero": COUNT_ZERO,
     },
     "pod_values": {},
-    "fits": {"Ascend910B3-soft-node-without": SOFT_NODE},
+    "fits": {},
 }
 
 
@@ -295,8 +292,17 @@ def test_requests_get_the_devices_gos_fit_gives(case: dict[str, Any]) -> None:
     assert "mutate_error" not in go, "Go refused the container, ours took it"
     assert request is not None
     assert (request.count, request.memory) == (go["request"]["nums"], go["request"]["memreq"])
-    chosen = fit_container(_states(case), request, NO_SELECTORS, {}, "spread")
-    ours = None if chosen is None else sorted((d.uuid, mib) for d, mib in chosen)
+    # the whole pod on the node, so that the node's annotations count (hami-vnpu-core)
+    word = case["vendor"]
+    offers = kind.node_offers(case.get("node_annotations") or {}) if kind.node_offers else None
+    view = TypeView(_states(case), offers=offers)
+    pod = PodRequest(((request,),), 0, {word: parse_selectors(annotations, kind)})
+    placed = fit_pod({word: view}, pod, "spread")
+    ours = (
+        sorted((d.uuid, d.memory) for d in placed.assignment[word][0])
+        if isinstance(placed, NodeFit)
+        else None
+    )
     answers = [
         sorted((d["uuid"], d["usedmem"]) for d in a["devices"]) if a["fits"] else None
         for a in go["answers"]

@@ -34,7 +34,7 @@ import structlog
 from hami.backends import ascend_node
 from hami.backends.ascend_chips import CHIPS, Chip
 from hami.backends.ascend_enum import NpuSmi
-from hami.backends.ascend_rules import request_rule, runtime_info
+from hami.backends.ascend_rules import node_offers, pod_needs, request_rule, runtime_info
 from hami.backends.base import (
     AllocationRequest,
     Backend,
@@ -118,6 +118,12 @@ class AscendBackend(Backend):
         self, request: DeviceRequest, annotations: Mapping[str, str], where: str
     ) -> DeviceRequest:
         return request_rule(self.chip, request, annotations, where)
+
+    def pod_needs(self, annotations: Mapping[str, str]) -> frozenset[str]:
+        return pod_needs(annotations)
+
+    def node_offers(self, annotations: Mapping[str, str]) -> frozenset[str]:
+        return node_offers(annotations)
 
     def pod_annotations(
         self,

@@ -30,12 +30,24 @@ VNPU_MODE = "huawei.com/vnpu-mode"  # pod annotation: hami-core asks for the sof
 HAMI_CORE = "hami-core"
 NODE_HAMI_CORE = "hami-vnpu-core"  # node annotation: "true" where the soft split is offered
 MODULE_NPUS = 2  # NPUs per Ascend 910C module
+SOFT_SPLIT = frozenset({NODE_HAMI_CORE})  # what a soft-split pod needs a node to offer
 _GO_ESCAPES = tuple((chr(c), f"\\u{c:04x}") for c in (0x3C, 0x3E, 0x26, 0x2028, 0x2029))
 
 
 def soft_split(annotations: Mapping[str, str]) -> bool:
     """Whether the pod asks for HAMi-core's soft split instead of vNPU templates."""
     return annotations.get(VNPU_MODE) == HAMI_CORE
+
+
+def pod_needs(annotations: Mapping[str, str]) -> frozenset[str]:
+    """A soft-split pod needs a node that offers the soft split (``DeviceKind.pod_needs``)."""
+    return SOFT_SPLIT if soft_split(annotations) else frozenset()
+
+
+def node_offers(annotations: Mapping[str, str]) -> frozenset[str]:
+    """The soft split where the node says ``hami-vnpu-core: "true"``, as Go's Fit reads it:
+    any other value, or none (Go's chart default ``hamiVnpuCore: false``), offers none."""
+    return SOFT_SPLIT if annotations.get(NODE_HAMI_CORE) == "true" else frozenset()
 
 
 def request_rule(

@@ -107,6 +107,7 @@ class TypeState:
     score_value: str | None = None  # hami.io/node-{type}-score as last seen
     pair_scores: PairScores = field(default_factory=dict)  # read from it ({}: none, unread)
     score_error: str | None = None  # why score_value does not read
+    offers: frozenset[str] | None = None  # the kind's node_offers as last read; None: no rule
     available: bool = False
     reason: str | None = handshake.NODE_UNREGISTERED  # why unavailable
     view: TypeView = field(default_factory=lambda: TypeView(()))
@@ -131,7 +132,7 @@ class TypeState:
 
     def refresh_view(self) -> None:
         unavailable = None if self.available else (self.reason or "unavailable")
-        self.view = TypeView(self.devices, unavailable, self.pair_scores)
+        self.view = TypeView(self.devices, unavailable, self.pair_scores, self.offers)
 
 
 @dataclass(slots=True, eq=False)
@@ -362,6 +363,11 @@ class Cluster:
             resource = kind.resources.count
             state.kubelet_reason = _kubelet_says_no(resource, capacity, allocatable)
             state.kubelet_advertises = (_count(allocatable.get(resource)) or 0) > 0
+            if kind.node_offers is not None:
+                offers = kind.node_offers(annotations)
+                if offers != state.offers:  # e.g. hami-vnpu-core changed: the view is redone
+                    state.offers = offers
+                    devices_changed = True
             score = annotations.get(topology.score_key(word))
             if score != state.score_value:  # topology-aware's link scores
                 state.score_value = score

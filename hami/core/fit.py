@@ -18,6 +18,8 @@ reason (the codes are HAMi's, so operators see the same words):
 ``AllocatedCardsInsufficientRequest``  the device fits, but too few devices do
 ``NumaNotFit``                     the device fits, but no NUMA node has enough of them
                                    (``numa-bind``)
+``ModeNotFit``                     (every device) the node does not offer the mode the
+                                   pod asks for (Ascend's soft split: ``hami-vnpu-core``)
 =================================  ==============================================
 
 Under the ``mutex`` policy a device in use (by anyone, this pod's earlier containers
@@ -60,6 +62,7 @@ CARD_CORES_EXHAUSTED = "CardComputeUnitsExhausted"
 CARD_INSUFFICIENT_CORE = "CardInsufficientCore"
 INSUFFICIENT_DEVICES = "AllocatedCardsInsufficientRequest"
 NUMA_NOT_FIT = "NumaNotFit"
+MODE_NOT_FIT = "ModeNotFit"
 NODE_INSUFFICIENT_DEVICE = "NodeInsufficientDevice"
 NODE_UNREGISTERED = handshake.NODE_UNREGISTERED
 
@@ -82,6 +85,9 @@ class TypeView:
     # Link scores between devices (``hami.io/node-{type}-score``, higher is better): what
     # ``topology-aware`` picks by. Empty: none known.
     pair_scores: PairScores = field(default_factory=dict)
+    # The modes the node offers for the type (``DeviceKind.node_offers``); None: the kind has
+    # no such rule, every request fits as far as modes go.
+    offers: frozenset[str] | None = None
 
 
 @dataclass(slots=True)
@@ -393,6 +399,13 @@ def fit_pod(
                 return NodeMiss(NODE_UNREGISTERED)
             if view.unavailable is not None:
                 return NodeMiss(view.unavailable)
+            needs = request.selectors_for(device_request.type_word).needs
+            if view.offers is not None and not needs <= view.offers:
+                # Go HAMi refuses the node before looking at any device (ModeNotFit)
+                total = len(view.devices)
+                return NodeMiss(
+                    format_reasons({MODE_NOT_FIT: total}, total), Counter({MODE_NOT_FIT: total})
+                )
             if device_request.count > len(view.devices):
                 return NodeMiss(
                     f"{NODE_INSUFFICIENT_DEVICE}: {device_request.count} "

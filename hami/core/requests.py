@@ -77,6 +77,10 @@ MemoryReader = Callable[[Any], int]
 where its unit decides the scale (MetaX: a bare number is GiB, a number with a unit bytes);
 raises ValueError when it is not a quantity."""
 
+ModeReader = Callable[[Mapping[str, str]], frozenset[str]]
+"""A backend's ``pod_needs`` or ``node_offers``: a pod's or a Node's annotations -> the
+modes the pod's request needs a node to offer, or the node offers (Ascend: the soft split)."""
+
 ContainerEnv = Callable[[Mapping[str, Any]], Mapping[str, str]]
 """A backend's ``container_env``: a container (a dict) -> environment variables Go HAMi's
 webhook sets in it when it asks for the backend's type (Iluvatar: ``SOL_CONTINER_NAME``)."""
@@ -172,6 +176,12 @@ class DeviceKind:
     # Go HAMi's vendor lock for the type, whose value is only the time it was taken
     # (``hami.scheduler.vendorlock``: Cambricon's ``cambricon.com/dsmlu.lock``); "": none.
     vendor_lock: str = ""
+    # What a pod's annotations make its request need a node to offer, and what a node's
+    # annotations say it offers (``ModeReader``); a node is refused a pod whose needs it does
+    # not offer, as Go HAMi's Ascend Fit keeps soft-split pods off nodes without
+    # ``hami-vnpu-core: "true"`` (ModeNotFit). None: no such rule for the kind.
+    pod_needs: ModeReader | None = None
+    node_offers: ModeReader | None = None
 
     def heartbeat_keys(self) -> tuple[str, ...]:
         return self.handshake_keys or keys.handshake_keys(self.type_word)
@@ -237,6 +247,8 @@ class DeviceKind:
             memory_reader=getattr(backend, "read_memory", None),
             node_lock=bool(getattr(backend, "node_lock", True)),
             vendor_lock=str(getattr(backend, "vendor_lock", "")),
+            pod_needs=getattr(backend, "pod_needs", None),
+            node_offers=getattr(backend, "node_offers", None),
         )
 
 
@@ -272,6 +284,9 @@ class Selectors:
     numa_bind: bool = False
     # ``{domain}/vgpu-mode`` as written (None: absent): a device's mode must be in it
     vgpu_mode: str | None = None
+    # What the pod's request needs a node to offer (``DeviceKind.pod_needs``: Ascend's soft
+    # split needs ``hami-vnpu-core``); empty: any node of the type.
+    needs: frozenset[str] = frozenset()
 
     def type_ok(self, model: str) -> bool:
         lowered = model.lower()
@@ -501,9 +516,10 @@ def parse_selectors(annotations: Mapping[str, str], kind: DeviceKind) -> Selecto
     nouse_uuids = frozenset(_comma_list(annotations.get(kind.annotation("nouse-uuid"))))
     numa = (annotations.get(kind.annotation("numa-bind")) or "").strip().lower() == "true"
     mode = annotations.get(f"{kind.domain}/vgpu-mode") if kind.domain else None
-    if not (use_types or nouse_types or use_uuids or nouse_uuids or numa) and mode is None:
+    needs = kind.pod_needs(annotations) if kind.pod_needs is not None else frozenset()
+    if not (use_types or nouse_types or use_uuids or nouse_uuids or numa or needs) and mode is None:
         return NO_SELECTORS
-    return Selectors(use_types, nouse_types, use_uuids, nouse_uuids, numa, mode)
+    return Selectors(use_types, nouse_types, use_uuids, nouse_uuids, numa, mode, needs)
 
 
 def _node_policy(annotations: Mapping[str, str], warnings: list[str]) -> str | None:
