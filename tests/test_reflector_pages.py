@@ -16,7 +16,7 @@ import pytest
 
 from hami.kube.client import Kube, Page
 from hami.kube.raw import JSON, Gone, KubeError
-from hami.kube.reflector import Reflector, object_key
+from hami.kube.reflector import HAND_OVER_BATCH, Reflector, object_key
 
 Step = list[JSON] | Exception
 
@@ -115,6 +115,35 @@ async def test_each_page_is_handed_over_before_the_next_arrives() -> None:
     refl.handler = handler
     await _listed(refl)
     assert served_at_event == [1, 2, 3]  # not [3, 3, 3]: no page waited for the whole list
+
+
+async def test_a_big_page_lets_other_tasks_run_while_it_is_handed_over() -> None:
+    """The scheduler's /filter runs on the same event loop: one page must not hold it."""
+    kube, store = FakeKube(), Store()
+    refl = _reflector(kube, store)
+    size = 3 * HAND_OVER_BATCH
+    kube.lists.append([[_node(f"n{i}", "1") for i in range(size)]])
+    ticks = [0]
+    ticks_at_event: list[int] = []
+
+    async def ticker() -> None:
+        while True:
+            ticks[0] += 1
+            await asyncio.sleep(0)
+
+    def handler(kind: str, obj: JSON) -> None:
+        ticks_at_event.append(ticks[0])
+        store(kind, obj)
+
+    refl.handler = handler
+    other = asyncio.create_task(ticker())
+    try:
+        await _listed(refl)
+    finally:
+        other.cancel()
+    assert len(store.objects) == size
+    batches = [ticks_at_event[i] for i in range(0, size, HAND_OVER_BATCH)]
+    assert batches[0] < batches[1] < batches[2]  # the other task ran between batches
 
 
 async def test_the_initial_pages_are_dropped_before_the_hook_and_only_they_call_it() -> None:

@@ -29,6 +29,9 @@ from hami.kube.raw import JSON, Gone, KubeError
 
 Handler = Callable[[str, JSON], None]
 WATCH_SECONDS = 300
+# Objects a list hands over between yields to the event loop: a whole page of 500 pods
+# held the loop (and the scheduler's /filter) for 20-40 ms on a loaded 2-core machine.
+HAND_OVER_BATCH = 100
 
 
 def object_key(obj: JSON) -> str:
@@ -129,8 +132,13 @@ class Reflector:
             self.path, query=self._selectors(), page_size=self.page_size
         ):
             version = page.resource_version
-            self._listed(page.items, seen)
-            del page  # dropped before the hook, so a freeze there does not keep it
+            items = page.items
+            del page
+            for start in range(0, len(items), HAND_OVER_BATCH):
+                if start:  # let /filter and the other watches in between batches
+                    await asyncio.sleep(0)
+                self._listed(items[start : start + HAND_OVER_BATCH], seen)
+            del items  # dropped before the hook, so a freeze there does not keep it
             if self.after_initial_page is not None and not self.synced.is_set():
                 self.after_initial_page()
         for key in [key for key in self._known if key not in seen]:
