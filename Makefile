@@ -63,7 +63,8 @@ gpu-check:
 interop: install controlplane
 	@test -n "$$HAMI_SRC" || { echo "interop: set HAMI_SRC to a Go HAMi source tree (docs/interop.md)"; exit 2; }
 	bash scripts/build-hami-go.sh >/dev/null
-	$(BIN)/pytest -q -rA tests/test_interop_go.py tests/test_interop_go_mig.py tests/test_migration_go.py
+	$(BIN)/pytest -q -rA tests/test_interop_go.py tests/test_interop_go_mig.py \
+		tests/test_interop_go_cambricon.py tests/test_interop_go_ascend.py tests/test_migration_go.py
 
 # The chart's default image (ghcr.io/hami-py/hami:VERSION) with whatever OCI builder is
 # here; says why in one line when none can run. Releases: .github/workflows/release.yaml.
