@@ -484,15 +484,24 @@ def test_one_record_per_node_gives_the_cost_for_pods_of_every_size() -> None:
     starved cores worked out per pod). Nodes from tight to roomy, pods asked smallest first
     then largest first: every cost equals the plain definition's, so a record read for a
     size it does not describe shows."""
-    cluster = cluster_with(*((f"n{i}", 2) for i in range(8)))
+    cluster = cluster_with(*((f"n{i}", 2) for i in range(8)), ("solo", 1))
     for i in range(8):  # free CPU 2-256 cores, memory 4-512 GiB
         cluster.set_node_room(f"n{i}", 2000 << i, 4096 << i)
+    # few free cores, which its CPU and memory feed for any of the pods below, but pods of
+    # the larger sizes leave too little for some shapes' pods
+    cluster.set_node_room("solo", 5000, 10240)
     for cores, e in itertools.product((20, 50), range(7)):
         shape = defrag.Shape("nvidia", 1, cores, 0, cores, (), (), 500 * e, 1024 * e)
         cluster.defrag.shapes.observe(shape)
     cluster.defrag.shapes.force_reweigh()
     assert cluster.defrag.shapes.cpu_per_core > 0 and cluster.defrag.shapes.memory_per_core > 0
     assert place(cluster, share("first", 30), (1000, 2048)) is not None  # devices differ
+    # a share on the one-device node
+    request = parse_pod(share("solo", 30), [NVIDIA])
+    assert request is not None
+    decision = cluster.decide(request, ["solo"], pod_room=(1000, 2048))
+    assert decision.node == "solo" and decision.fit is not None
+    cluster.reserve("default/solo", "solo", "solo", decision.fit)
     request = parse_pod(share("p", 20), [NVIDIA])
     assert request is not None
     # CPU and memory apart, so each is tried with the other one plentiful
@@ -505,4 +514,4 @@ def test_one_record_per_node_gives_the_cost_for_pods_of_every_size() -> None:
             for name, cost in cached.items():
                 assert cost == pytest.approx(plain[name], abs=1e-9), (size, name)
     # one record per node served all of those sizes
-    assert any(len(kept) == 8 for kept in cluster.defrag._records.values())
+    assert any(len(kept) == 9 for kept in cluster.defrag._records.values())

@@ -26,6 +26,7 @@ STARVED_WEIGHT = 2.0
 PRESSURE_WEIGHT = 2.0
 MAX_ANSWERS = 500_000  # cached answers (each a few hundred bytes) before starting over
 MAX_OPTIONS = 20_000  # node states with their placements kept (a few KiB each)
+MAX_QUESTIONS = 256  # distinct (request, pod CPU and memory) with per-node costs kept
 MAX_RECORDS = 200_000  # per-node records (``_Record``, ~150 bytes each) before starting over
 
 
@@ -65,10 +66,15 @@ _Entry = tuple[int, defrag.NodeKey, int, int, tuple[int, int] | None, float]
 # (``_stale``) or the window's weights do: (its key's number, its free CPU and memory
 # (infinite where unknown), the free cores the pod leaves, the cores its CPU and memory
 # starve now (0 where unknown), -utilisation, the answer when the pod leaves every
-# shape's pod room). With it a node's cost for a pod of any CPU and memory is a few
-# operations (``_scan``).
-_Record = tuple[int, float, float, int, float, float, _Answer]
+# shape's pod room; then the largest pod CPU and memory for which the pod also starves
+# no core, and the cost for such a pod). With it a node's cost for a pod of any CPU and
+# memory is a few operations (``_scan``), and for most pods a look-up.
+_Record = tuple[int, float, float, int, float, float, _Answer, float, float, float]
 _UNKNOWN_ROOM = float("inf")
+# A node's cost for a pod but the pressure term (None: no fit), the device key to take,
+# the model the pressure term charges, -utilisation.
+_Cost = tuple[float | None, defrag.DeviceKey | None, str, float]
+_NO_COST: _Cost = (None, None, "", 0.0)
 
 
 class DefragPolicy:
@@ -93,6 +99,11 @@ class DefragPolicy:
         self._answers_generation = -1
         # what is asked -> node -> its record (``_Record``)
         self._records: dict[Hashable, dict[str, _Record]] = {}
+        # (what is asked, the pod's CPU and memory) -> node -> its cost but the pressure
+        # term, the device key, the model, where the pod does not leave the node roomy
+        # (a Deployment's replicas ask the same again and again)
+        self._quick: dict[Hashable, dict[str, _Cost]] = {}
+        self._quick_size = 0
 
     def forget(self, node: str) -> None:
         """``node`` changed: its key is worked out again when next needed."""
@@ -104,6 +115,8 @@ class DefragPolicy:
         self._keys.pop(node, None)
         for records in self._records.values():
             records.pop(node, None)
+        for results in self._quick.values():
+            results.pop(node, None)
 
     def _count_free(self, node: str, key: defrag.NodeKey | None) -> None:
         """Keep the free cores per device model (of the nodes' latest keys)."""
@@ -166,6 +179,8 @@ class DefragPolicy:
         self._answers.clear()
         self._options_of.clear()
         self._records.clear()
+        self._quick.clear()
+        self._quick_size = 0
         self._key_ids.clear()
         self._keys.clear()  # their key numbers are gone too
         self._answers_generation = self.shapes.generation
@@ -301,14 +316,14 @@ class DefragPolicy:
         fits is added to it. Nodes in the same state after the pod share one answer
         (``_answers``), unless devices are picked by uuid or link scores.
 
-        The hot loop of a decision: one pass, one look-up of the node's record per node
-        (a second one, of an answer by small int, where the pod leaves too little room for
-        some shape), and the per-node terms worked out inline (the same arithmetic as
-        ``_starving``)."""
+        The hot loop of a decision: one pass, and per node one look-up of its cost for this
+        question (request and pod size) since it last changed, else its cost from its
+        record for the request (``_cost``)."""
         cacheable = _cacheable(request, device_policy)
         answers: dict[int, _Answer] = {}
         options: dict[int, _Options] = {}
         records: dict[str, _Record] = {}
+        quick: dict[str, _Cost] = {}
         if cacheable:
             asked = _asked(request, device_policy)
             answers = self._answers.setdefault(asked, {})
@@ -318,13 +333,14 @@ class DefragPolicy:
             if sum(len(r) for r in self._records.values()) > MAX_RECORDS:
                 self._records.clear()
             records = self._records.setdefault(asked, {})
-        cpu, memory = pod_room
-        shapes = self.shapes
-        cpu_steps, memory_steps = shapes.cpu_steps, shapes.memory_steps
-        cpu_per_core, memory_per_core = shapes.cpu_per_core, shapes.memory_per_core
-        # the least CPU and memory left after the pod that covers every shape's pod
-        cpu_top = cpu_steps[-1] if cpu_steps else 0
-        memory_top = memory_steps[-1] if memory_steps else 0
+            question = (asked, pod_room)
+            found = self._quick.get(question)
+            if found is None:
+                if len(self._quick) >= MAX_QUESTIONS or self._quick_size > MAX_RECORDS:
+                    self._quick.clear()
+                    self._quick_size = 0
+                found = self._quick[question] = {}
+            quick = found
         taken = _cores_of(request)
         # the pressure term per device model: constant through one decision
         press = (
@@ -332,58 +348,32 @@ class DefragPolicy:
             if PRESSURE_WEIGHT
             else {}
         )
-        starve = STARVED_WEIGHT
         best: _Ranked | None = None
         best_cost = float("inf")
         looked = 0
         for name in names:
-            record = records.get(name)
-            if record is None:
-                node = nodes.get(name)
-                if node is None:
-                    continue
-                record = self._record(node, request, device_policy, share, taken, answers, options)
-                if cacheable:
-                    records[name] = record
-            looked += 1
-            number, free_cpu, free_memory, left, starved_before, neg_util, answer = record
-            if answer is None:
-                continue  # no device takes it, whatever its CPU and memory
-            cpu_left = free_cpu - cpu
-            memory_left = free_memory - memory
-            if cpu_left < 0 or memory_left < 0:
-                continue  # kube-scheduler's NodeResourcesFit would not offer it
-            if cpu_left < cpu_top or memory_left < memory_top:
-                # the pod leaves too little for some shape's pod: that answer
-                memo = (
-                    number << 16
-                    | bisect_right(cpu_steps, cpu_left) << 8
-                    | bisect_right(memory_steps, memory_left)
-                )
-                answer = answers.get(memo, _MISSING)
-                if answer is _MISSING:
-                    answer = self._answer_for(
-                        nodes[name], request, device_policy, share, memo, options
+            known = quick.get(name)
+            if known is None:
+                record = records.get(name)
+                if record is None:
+                    node = nodes.get(name)
+                    if node is None:
+                        continue
+                    record = self._record(
+                        node, request, device_policy, share, taken, answers, options
                     )
                     if cacheable:
-                        answers[memo] = answer
-                if answer is None:
-                    continue
-            cost, pick, model = answer
-            if starve:
-                # the cores the node's CPU and memory can no longer feed (``_starving``;
-                # nothing where the node's room is unknown: left and before are 0)
-                # (min and max written out: a builtin call per node is a tenth of the loop)
-                usable = float(left)
-                if cpu_per_core > 0:
-                    fed = cpu_left / cpu_per_core
-                    if fed < usable:
-                        usable = fed
-                if memory_per_core > 0:
-                    fed = memory_left / memory_per_core
-                    if fed < usable:
-                        usable = fed
-                cost += starve * (left - (usable if usable > 0.0 else 0.0) - starved_before)
+                        records[name] = record
+                known = self._cost(
+                    record, name, nodes, request, device_policy, share, pod_room, answers, options
+                )
+                if cacheable:
+                    quick[name] = known
+                    self._quick_size += 1
+            looked += 1
+            cost, pick, model, neg_util = known
+            if cost is None:
+                continue
             if press:
                 cost += press.get(model, 0.0)
             if every is not None:
@@ -394,6 +384,61 @@ class DefragPolicy:
             elif cost == best_cost and best is not None and (neg_util, name) < best[1:3]:
                 best = (cost, neg_util, name, pick)
         return best, looked
+
+    def _cost(
+        self,
+        record: _Record,
+        name: str,
+        nodes: Mapping[str, NodeLike],
+        request: PodRequest,
+        device_policy: str,
+        share: DeviceRequest | None,
+        pod_room: tuple[int, int],
+        answers: dict[int, _Answer],
+        options: dict[int, _Options],
+    ) -> _Cost:
+        """A node's cost for the pod but the pressure term, from its record."""
+        answer = record[6]
+        if answer is None:
+            return _NO_COST  # no device takes it, whatever its CPU and memory
+        cpu, memory = pod_room
+        if cpu <= record[7] and memory <= record[8]:
+            # the pod leaves every shape's pod room and starves nothing (most nodes)
+            return (record[9], answer[1], answer[2], record[5])
+        number, free_cpu, free_memory, left, starved_before, neg_util = record[:6]
+        cpu_left = free_cpu - cpu
+        memory_left = free_memory - memory
+        if cpu_left < 0 or memory_left < 0:
+            return _NO_COST  # kube-scheduler's NodeResourcesFit would not offer it
+        shapes = self.shapes
+        cpu_steps, memory_steps = shapes.cpu_steps, shapes.memory_steps
+        if (cpu_steps and cpu_left < cpu_steps[-1]) or (
+            memory_steps and memory_left < memory_steps[-1]
+        ):
+            # the pod leaves too little for some shape's pod: that answer
+            memo = (
+                number << 16
+                | bisect_right(cpu_steps, cpu_left) << 8
+                | bisect_right(memory_steps, memory_left)
+            )
+            answer = answers.get(memo, _MISSING)
+            if answer is _MISSING:
+                answer = answers[memo] = self._answer_for(
+                    nodes[name], request, device_policy, share, memo, options
+                )
+            if answer is None:
+                return _NO_COST
+        cost, pick, model = answer
+        if STARVED_WEIGHT:
+            # the cores the node's CPU and memory can no longer feed (``_starving``;
+            # nothing where the node's room is unknown: left and before are 0)
+            usable = float(left)
+            if shapes.cpu_per_core > 0:
+                usable = min(usable, cpu_left / shapes.cpu_per_core)
+            if shapes.memory_per_core > 0:
+                usable = min(usable, memory_left / shapes.memory_per_core)
+            cost += STARVED_WEIGHT * (left - max(0.0, usable) - starved_before)
+        return (cost, pick, model, neg_util)
 
     def _record(
         self,
@@ -417,10 +462,41 @@ class DefragPolicy:
             answer = answers[memo] = self._answer_for(
                 node, request, device_policy, share, memo, options
             )
+        neg_util = -node.utilisation
         if room is None:
-            return (number, _UNKNOWN_ROOM, _UNKNOWN_ROOM, 0, 0.0, -node.utilisation, answer)
-        left = free - taken if free > taken else 0
-        return (number, room[0], room[1], left, starved_before, -node.utilisation, answer)
+            free_cpu = free_memory = _UNKNOWN_ROOM
+            left, starved_before = 0, 0.0
+        else:
+            free_cpu, free_memory = room
+            left = free - taken if free > taken else 0
+        # Up to these the pod leaves every shape's pod room and its CPU and memory still
+        # feed every core it leaves, so its cost is ``roomy`` (the arithmetic of the
+        # loop in ``_scan`` with nothing starved; the margin of one keeps the division's
+        # rounding out: above it the loop works the cost out).
+        cpu_need = float(shapes.cpu_steps[-1] if shapes.cpu_steps else 0)
+        memory_need = float(shapes.memory_steps[-1] if shapes.memory_steps else 0)
+        if STARVED_WEIGHT and shapes.cpu_per_core > 0:
+            cpu_need = max(cpu_need, left * shapes.cpu_per_core + 1)
+        if STARVED_WEIGHT and shapes.memory_per_core > 0:
+            memory_need = max(memory_need, left * shapes.memory_per_core + 1)
+        roomy = 0.0
+        if answer is not None:
+            roomy = answer[0]
+            if STARVED_WEIGHT:
+                fed = float(left) if left > 0 else 0.0
+                roomy += STARVED_WEIGHT * (left - fed - starved_before)
+        return (
+            number,
+            free_cpu,
+            free_memory,
+            left,
+            starved_before,
+            neg_util,
+            answer,
+            free_cpu - cpu_need,
+            free_memory - memory_need,
+            roomy,
+        )
 
     def _answer_for(
         self,
