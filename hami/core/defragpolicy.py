@@ -317,8 +317,8 @@ class DefragPolicy:
         (``_answers``), unless devices are picked by uuid or link scores.
 
         The hot loop of a decision: one pass, and per node one look-up of its cost for this
-        question (request and pod size) since it last changed, else its cost from its
-        record for the request (``_cost``)."""
+        question (request and pod size) since it last changed, else its cost worked out
+        inline from its record for the request (``_Record``)."""
         cacheable = _cacheable(request, device_policy)
         answers: dict[int, _Answer] = {}
         options: dict[int, _Options] = {}
@@ -341,6 +341,14 @@ class DefragPolicy:
                     self._quick_size = 0
                 found = self._quick[question] = {}
             quick = found
+        cpu, memory = pod_room
+        shapes = self.shapes
+        cpu_steps, memory_steps = shapes.cpu_steps, shapes.memory_steps
+        cpu_per_core, memory_per_core = shapes.cpu_per_core, shapes.memory_per_core
+        # the least CPU and memory left after the pod that covers every shape's pod
+        cpu_top = cpu_steps[-1] if cpu_steps else 0
+        memory_top = memory_steps[-1] if memory_steps else 0
+        starve = STARVED_WEIGHT
         taken = _cores_of(request)
         # the pressure term per device model: constant through one decision
         press = (
@@ -364,9 +372,55 @@ class DefragPolicy:
                     )
                     if cacheable:
                         records[name] = record
-                known = self._cost(
-                    record, name, nodes, request, device_policy, share, pod_room, answers, options
-                )
+                # its cost from the record (inline: this is most nodes when pods of many
+                # sizes come; min and max written out for the same reason)
+                answer = record[6]
+                if answer is None:
+                    known = _NO_COST  # no device takes it, whatever its CPU and memory
+                elif cpu <= record[7] and memory <= record[8]:
+                    # the pod leaves every shape's pod room and starves nothing
+                    known = (record[9], answer[1], answer[2], record[5])
+                else:
+                    number, free_cpu, free_memory, left, starved_before, neg_util = record[:6]
+                    cpu_left = free_cpu - cpu
+                    memory_left = free_memory - memory
+                    if cpu_left < 0 or memory_left < 0:
+                        known = _NO_COST  # kube-scheduler's NodeResourcesFit would not offer it
+                    else:
+                        if cpu_left < cpu_top or memory_left < memory_top:
+                            # the pod leaves too little for some shape's pod: that answer
+                            memo = (
+                                number << 16
+                                | bisect_right(cpu_steps, cpu_left) << 8
+                                | bisect_right(memory_steps, memory_left)
+                            )
+                            answer = answers.get(memo, _MISSING)
+                            if answer is _MISSING:
+                                answer = self._answer_for(
+                                    nodes[name], request, device_policy, share, memo, options
+                                )
+                                if cacheable:
+                                    answers[memo] = answer
+                        if answer is None:
+                            known = _NO_COST
+                        else:
+                            worked = answer[0]
+                            if starve:
+                                # the cores its CPU and memory can no longer feed
+                                # (``_starving``; 0 where its room is unknown)
+                                usable = float(left)
+                                if cpu_per_core > 0:
+                                    fed = cpu_left / cpu_per_core
+                                    if fed < usable:
+                                        usable = fed
+                                if memory_per_core > 0:
+                                    fed = memory_left / memory_per_core
+                                    if fed < usable:
+                                        usable = fed
+                                if not usable > 0.0:  # max(0.0, usable)
+                                    usable = 0.0
+                                worked += starve * (left - usable - starved_before)
+                            known = (worked, answer[1], answer[2], neg_util)
                 if cacheable:
                     quick[name] = known
                     self._quick_size += 1
@@ -384,61 +438,6 @@ class DefragPolicy:
             elif cost == best_cost and best is not None and (neg_util, name) < best[1:3]:
                 best = (cost, neg_util, name, pick)
         return best, looked
-
-    def _cost(
-        self,
-        record: _Record,
-        name: str,
-        nodes: Mapping[str, NodeLike],
-        request: PodRequest,
-        device_policy: str,
-        share: DeviceRequest | None,
-        pod_room: tuple[int, int],
-        answers: dict[int, _Answer],
-        options: dict[int, _Options],
-    ) -> _Cost:
-        """A node's cost for the pod but the pressure term, from its record."""
-        answer = record[6]
-        if answer is None:
-            return _NO_COST  # no device takes it, whatever its CPU and memory
-        cpu, memory = pod_room
-        if cpu <= record[7] and memory <= record[8]:
-            # the pod leaves every shape's pod room and starves nothing (most nodes)
-            return (record[9], answer[1], answer[2], record[5])
-        number, free_cpu, free_memory, left, starved_before, neg_util = record[:6]
-        cpu_left = free_cpu - cpu
-        memory_left = free_memory - memory
-        if cpu_left < 0 or memory_left < 0:
-            return _NO_COST  # kube-scheduler's NodeResourcesFit would not offer it
-        shapes = self.shapes
-        cpu_steps, memory_steps = shapes.cpu_steps, shapes.memory_steps
-        if (cpu_steps and cpu_left < cpu_steps[-1]) or (
-            memory_steps and memory_left < memory_steps[-1]
-        ):
-            # the pod leaves too little for some shape's pod: that answer
-            memo = (
-                number << 16
-                | bisect_right(cpu_steps, cpu_left) << 8
-                | bisect_right(memory_steps, memory_left)
-            )
-            answer = answers.get(memo, _MISSING)
-            if answer is _MISSING:
-                answer = answers[memo] = self._answer_for(
-                    nodes[name], request, device_policy, share, memo, options
-                )
-            if answer is None:
-                return _NO_COST
-        cost, pick, model = answer
-        if STARVED_WEIGHT:
-            # the cores the node's CPU and memory can no longer feed (``_starving``;
-            # nothing where the node's room is unknown: left and before are 0)
-            usable = float(left)
-            if shapes.cpu_per_core > 0:
-                usable = min(usable, cpu_left / shapes.cpu_per_core)
-            if shapes.memory_per_core > 0:
-                usable = min(usable, memory_left / shapes.memory_per_core)
-            cost += STARVED_WEIGHT * (left - max(0.0, usable) - starved_before)
-        return (cost, pick, model, neg_util)
 
     def _record(
         self,
