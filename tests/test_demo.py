@@ -1,6 +1,7 @@
 """``hami demo``: the placement table has every sample pod on a node (HAMi-core pods on the
 HAMi-core nodes, MIG pods on instances of the MIG node, the Ascend pod on a vNPU template
-of the Ascend node), and the pod that cannot fit shows the scheduler's reason."""
+of the Ascend node, started by this project's agent), and the pod that cannot fit shows the
+scheduler's reason."""
 
 from __future__ import annotations
 
@@ -73,13 +74,16 @@ async def test_demo_prints_where_every_sample_landed(controlplane: ControlPlane)
         assert row["DEVICE"].startswith("MIG-") and row["MODEL"] == "A100-SXM4-40GB", row
     assert rows["mig-small"][0]["DEVICE"] != rows["mig-large"][0]["DEVICE"]
 
-    # Ascend: 20000 MiB is served by the 32 GiB vNPU template of one 910B3 chip, on the
-    # stand-in node nothing starts pods on
+    # Ascend: 20000 MiB is served by the 32 GiB vNPU template of one 910B3 chip, and this
+    # project's agent (over the stand-in npu-smi) had kubelet start the pod; the device is
+    # a chip's UUID as the agent read it from npu-smi's Die ID
     (row,) = rows[ASCEND_POD]
-    assert row["NODE"] == "npu-910b3" and row["STATUS"] == "Bound", row
+    assert row["NODE"] == "npu-910b3" and row["STATUS"] == "Running", row
     assert row["SHARED AS"] == "vNPU vir10_3c_32g" and row["MEMORY MiB"] == "32768", row
-    assert re.fullmatch(r"npu-910b3-npu-[01]", row["DEVICE"]) and row["MODEL"] == "Ascend910B3"
-    assert "no Ascend node side" in text
+    assert re.fullmatch(r"[0-9A-F]{8}(-[0-9A-F]{8}){4}", row["DEVICE"]), row
+    assert row["MODEL"] == "Ascend910B3", row
+    assert "Ascend backend over a stand-in npu-smi" in text
+    assert "is Bound" not in text
 
     assert rows[UNFIT][0]["STATUS"] == "Pending"
     reason = next(line for line in lines if line.startswith(f"{UNFIT} is Pending:"))

@@ -1,5 +1,5 @@
 """The ``npu-smi`` readers on the outputs Huawei's command reference documents
-(tests/fixtures/npu_smi, each file naming its page), and on text that is not that layout."""
+(hami/testkit/npu_smi, each file naming its page), and on text that is not that layout."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ device plug-ins read.
   dotted time layout, and ``hami-vnpu-core``.
 
 The values are written as those plug-ins write them (the layouts are facts from their code;
-the Ascend ones by hami.testkit.ascend_node, which ``hami demo``'s Ascend node uses too;
+the Ascend ones by hami.testkit.ascend_node, the annotations-only stand-in;
 tests/test_go_ascend_vectors.py checks the reading against Go's own function).
 """
 

@@ -5,8 +5,9 @@ when they are missing and ``tests/controlplane/build.sh`` is at hand), the hami 
 role as kube-scheduler's extender, three simulated GPU nodes shared by HAMi-core (hami node
 agent with the ``fake`` backend + a kubelet emulator each), one whose agent runs the NVIDIA
 backend in ``operating_mode: mig`` on the fake NVML (an A100 in MIG mode), and one Ascend
-node as HAMi's ascend-device-plugin annotates it (a stand-in: this project has no Ascend
-node side, so a pod bound there is never started). Then it submits a mix of device pods,
+node whose agent runs the Ascend backend over a stand-in ``npu-smi`` (two 910B3 chips; the
+kubelet emulator starts its pod with the vNPU template Ascend Docker Runtime reads). Then it
+submits a mix of device pods,
 waits for them, prints where each landed and how its device is shared, and why the one that
 cannot fit stays Pending, and shuts everything down (``--keep``: keeps it running until
 Ctrl-C and prints the kubeconfig).
@@ -79,7 +80,8 @@ async def run_demo(
     ascend: Sequence[AscendNodeSpec] = (DEMO_ASCEND_NODE,),
 ) -> int:
     """``nodes``: the simulated GPU nodes (default: ``EXTENDER_NODES``, in DRA mode
-    ``DEMO_NODES``); ``ascend``: the Ascend stand-in nodes (extender mode only)."""
+    ``DEMO_NODES``); ``ascend``: the Ascend nodes (extender mode only; the samples expect
+    ``DEMO_ASCEND_NODE``)."""
     say = Printer(out)
     if mode == "dra":
         from hami.demo.dra import run_dra_demo
@@ -92,7 +94,7 @@ async def run_demo(
             timeout=timeout,
             keep=_wait_for_signal if keep else None,
         )
-    work = samples()
+    work = samples(ascend_agent=all(spec.agent for spec in ascend))
     cluster = LocalCluster(
         EXTENDER_NODES if nodes is None else nodes,
         plane=plane,
@@ -109,9 +111,9 @@ async def run_demo(
         bound = [s.name for s in work if not s.started]
         for name in bound:
             pods[name] = await cluster.wait_pod(name, _bound, timeout=timeout)
+        held = f", {len(bound)} bound to the Ascend stand-in" if bound else ""
         say(
-            f"{len(fitting)} pods started, {len(bound)} bound to the Ascend stand-in; "
-            f"waiting for the scheduler's verdict on {UNFIT} ..."
+            f"{len(fitting)} pods started{held}; waiting for the scheduler's verdict on {UNFIT} ..."
         )
         reason = await _filtering_failed(cluster, UNFIT, timeout)
         pods[UNFIT] = await cluster.get_pod(UNFIT)
@@ -123,10 +125,10 @@ async def run_demo(
         for name in bound:
             say.raw(
                 f"{name} is Bound: this scheduler placed it and wrote the decision HAMi's "
-                "ascend-device-plugin reads; this project has no Ascend node side, so nothing "
-                "starts it here."
+                "ascend-device-plugin reads; its node is a stand-in annotated as that plug-in "
+                "would, with no kubelet or agent, so nothing starts it here."
             )
-        say.raw()
+            say.raw()
         say.raw(f"{UNFIT} is {phase_of(pods[UNFIT])}: {reason}")
         assert cluster.role is not None
         nodes_reasons = cluster.role.scheduler.explain_pod(pods[UNFIT]).get("nodes") or {}

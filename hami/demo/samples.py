@@ -24,7 +24,7 @@ class Sample:
     name: str
     request: str  # what it asks for, in words
     pod: dict[str, Any]
-    started: bool = True  # False: on a node nothing starts pods on (the Ascend stand-in)
+    started: bool = True  # False: on a node nothing starts pods on (an Ascend stand-in)
 
 
 def _hami_core(sample: Sample) -> Sample:
@@ -38,9 +38,10 @@ def ascend_pod(name: str, word: str, memory: int) -> dict[str, Any]:
     return gpu_pod(name, [{f"huawei.com/{word}": "1", f"huawei.com/{word}-memory": str(memory)}])
 
 
-def samples() -> list[Sample]:
+def samples(ascend_agent: bool = True) -> list[Sample]:
     """The extender demo's workloads: every HAMi-core request shape, a selector, MIG
-    instances, an Ascend vNPU and one that cannot fit."""
+    instances, an Ascend vNPU and one that cannot fit. ``ascend_agent``: whether an agent
+    serves the Ascend node (else its pod is only bound)."""
     word = DEMO_ASCEND_NODE.word
     core = hami_core_samples()
     return [
@@ -59,7 +60,7 @@ def samples() -> list[Sample]:
             "npu-vnpu",
             f"20000 MiB of an {word}",
             ascend_pod("npu-vnpu", word, 20000),
-            started=False,
+            started=ascend_agent,
         ),
         core[-1],
     ]

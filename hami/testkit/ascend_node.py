@@ -1,6 +1,7 @@
-"""A Huawei Ascend node as HAMi's ascend-device-plugin and its kubelet leave it, for
-``hami demo`` and the vendor tests, where no agent runs (this project's node side reads
-``npu-smi`` and needs Huawei's driver: hami.backends.ascend).
+"""A Huawei Ascend node as HAMi's ascend-device-plugin and its kubelet leave it, for the
+tests of the scheduler side against that plug-in, where no agent runs. (This project's own
+node side reads ``npu-smi``: hami.backends.ascend; hami.testkit.ascend_agent runs it over a
+stand-in ``npu-smi``, as ``hami demo`` does.)
 
 The Node carries what Go HAMi 2.10's scheduler reads from that plug-in: the register value
 ``hami.io/node-register-{type}`` (Go's JSON of its device list: one entry per chip, the
@@ -70,11 +71,15 @@ def ascend_annotations(word: str, register: str, now: datetime) -> dict[str, str
 
 @dataclass(frozen=True)
 class AscendNodeSpec:
-    """One stand-in Ascend node: ``chips`` chips of the Go device type ``word``."""
+    """One Ascend node: ``chips`` chips of the Go device type ``word``. ``agent``: served by
+    this project's node agent over a stand-in ``npu-smi`` (hami.testkit.ascend_agent), pods
+    bound there start; otherwise a stand-in Node annotated as the ascend-device-plugin
+    would (``AscendNode``), where nothing starts them."""
 
     name: str
     word: str = "Ascend910B3"
     chips: int = 2
+    agent: bool = False
 
     @property
     def uuids(self) -> list[str]:

@@ -22,10 +22,13 @@ Periods are injectable (``Timing``): the tests run the handshake with a 3 s time
 kube-scheduler with a 1 s pod back-off.
 
 ``NodeSpec(mode="mig")`` runs a node's agent with the NVIDIA backend in MIG mode over the
-fake NVML (hami.testkit.mig_node); ``ascend=[AscendNodeSpec(...)]`` adds Ascend nodes as
-HAMi's ascend-device-plugin annotates them and enables that type's scheduler side
-(hami.testkit.ascend_node: no node side exists here, so nothing starts pods there). Both
-are for the extender mode; ``hami demo`` runs one of each.
+fake NVML (hami.testkit.mig_node); ``ascend=[AscendNodeSpec(...)]`` adds Ascend nodes and
+enables that type's scheduler side: with ``agent=True`` served by this project's node agent
+with the Ascend backend over a stand-in ``npu-smi`` and a kubelet emulator
+(hami.testkit.ascend_agent), so pods bound there start; otherwise as HAMi's
+ascend-device-plugin annotates them (hami.testkit.ascend_node), where nothing starts pods.
+Both are for the extender mode; ``hami demo`` runs one of each (its Ascend node with the
+agent).
 
 ``LocalCluster(mode="dra")`` is the DRA variant (docs/dra.md): no hami scheduler role and no
 extender; kube-scheduler's profile ``hami-scheduler`` is the default plugin set, which
@@ -66,6 +69,7 @@ from hami.kube.raw import KubeError, NotFound
 from hami.node.agent import NodeAgent
 from hami.protocol import ContainerDevice, decode_pod_devices
 from hami.scheduler.role import SchedulerRole
+from hami.testkit.ascend_agent import AscendAgentNode
 from hami.testkit.ascend_node import AscendNode, AscendNodeSpec
 from hami.testkit.controlplane import (
     ControllerManagerProcess,
@@ -150,8 +154,8 @@ DEMO_NODES: tuple[NodeSpec, ...] = (
 DEMO_MIG_NODE = NodeSpec(
     "gpu-a100-mig", ({"count": 1, "model": "NVIDIA-A100-SXM4-40GB", "memory": 40960},), mode="mig"
 )
-#: The extender demo's Ascend node (as HAMi's ascend-device-plugin annotates it).
-DEMO_ASCEND_NODE = AscendNodeSpec("npu-910b3", "Ascend910B3", chips=2)
+#: The extender demo's Ascend node (this project's agent over a stand-in npu-smi).
+DEMO_ASCEND_NODE = AscendNodeSpec("npu-910b3", "Ascend910B3", chips=2, agent=True)
 
 
 @dataclass(frozen=True)
@@ -431,6 +435,8 @@ class LocalCluster:
         }
         #: stand-ins for Ascend nodes (hami.testkit.ascend_node), once started
         self.ascend: dict[str, AscendNode] = {}
+        #: Ascend nodes run by this project's agent (hami.testkit.ascend_agent)
+        self.ascend_agents: dict[str, AscendAgentNode] = {}
         self._kube_cm: contextlib.AbstractAsyncContextManager[Kube] | None = None
         self._webhook_config: str | None = None
 
@@ -593,11 +599,31 @@ class LocalCluster:
             )
             await node.start_kubelet()
             await node.start_agent()
-        for spec in self.ascend_specs:
+        for i, spec in enumerate(self.ascend_specs):
+            if spec.agent:
+                self.progress(
+                    f"starting node {spec.name}: {spec.describe()} (kubelet emulator + hami "
+                    "node agent, Ascend backend over a stand-in npu-smi)"
+                )
+                agent_node = AscendAgentNode(
+                    spec,
+                    self.cfg,
+                    self.kube,
+                    self.kubeconfig,
+                    self.workdir / f"npu{i}",
+                    labels=self.node_selector,
+                    seed=0x20 + i,
+                    register_period=self.timing.register_period,
+                    kubelet_poll=self.timing.kubelet_poll,
+                    kubelet_heartbeat=self.timing.kubelet_heartbeat,
+                )
+                self.ascend_agents[spec.name] = agent_node
+                await agent_node.start()
+                continue
             self.progress(
                 f"starting node {spec.name}: {spec.describe()} (a stand-in: the Node as HAMi's "
-                "ascend-device-plugin annotates it; this project has no Ascend node side, so "
-                "no kubelet or agent runs there)"
+                "ascend-device-plugin annotates it; no kubelet or agent runs there, so pods "
+                "bound there are not started)"
             )
             stand_in = AscendNode(
                 spec, self.kube, labels=self.node_selector, period=self.timing.register_period
@@ -623,6 +649,9 @@ class LocalCluster:
                 await node.stop()
         for stand_in in self.ascend.values():
             await stand_in.stop()
+        for agent_node in self.ascend_agents.values():
+            with contextlib.suppress(Exception):
+                await agent_node.stop()
         if self.kube_scheduler is not None:
             sched, self.kube_scheduler = self.kube_scheduler, None
             await asyncio.to_thread(sched.stop)
@@ -700,7 +729,7 @@ class LocalCluster:
         self._namespaces.append(name)
 
     async def _cleanup_objects(self) -> None:
-        for name in [*self.nodes, *self.ascend]:
+        for name in [*self.nodes, *self.ascend, *self.ascend_agents]:
             with contextlib.suppress(KubeError):
                 await self.kube.delete(f"/api/v1/nodes/{name}")
         for name in self._namespaces:
@@ -819,6 +848,9 @@ class LocalCluster:
         for spec in self.ascend_specs:
             if uuid_ in spec.uuids:
                 return spec.word
+        for agent_node in self.ascend_agents.values():
+            if uuid_ in agent_node.uuids:
+                return agent_node.spec.word
         for node in self.nodes.values():
             if uuid_ in node.uuids:
                 index = node.uuids.index(uuid_)
