@@ -5,6 +5,7 @@ scheduler's reason."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import re
 from pathlib import Path
@@ -15,6 +16,7 @@ from hami import cli
 from hami.demo.cli import run_demo
 from hami.demo.placement import HEADER
 from hami.demo.samples import UNFIT, samples
+from hami.testkit.cluster import DEMO_ASCEND_NODE
 from hami.testkit.controlplane import ControlPlane
 
 MIG_PODS = ("mig-small", "mig-large")
@@ -101,3 +103,17 @@ def test_demo_without_binaries_says_how_to_get_them(
     out = capsys.readouterr().out
     assert "control plane binaries not found" in out
     assert "make controlplane" in out
+
+
+async def test_demo_with_the_annotations_only_ascend_stand_in(controlplane: ControlPlane) -> None:
+    """``AscendNodeSpec(agent=False)``: the Node as HAMi's ascend-device-plugin annotates it,
+    with no kubelet or agent, so the pod this scheduler binds there is never started."""
+    out = io.StringIO()
+    stand_in = dataclasses.replace(DEMO_ASCEND_NODE, agent=False)
+    assert await run_demo(out, plane=controlplane, timeout=60, ascend=(stand_in,)) == 0
+    text = out.getvalue()
+    (row,) = parse_table(text.splitlines())[ASCEND_POD]
+    assert row["NODE"] == "npu-910b3" and row["STATUS"] == "Bound", row
+    assert row["SHARED AS"] == "vNPU vir10_3c_32g", row
+    assert re.fullmatch(r"npu-910b3-npu-[01]", row["DEVICE"]) and row["MODEL"] == "Ascend910B3"
+    assert f"{ASCEND_POD} is Bound" in text and "a stand-in annotated as that plug-in" in text
