@@ -1,5 +1,5 @@
 """Readers of Huawei's ``npu-smi`` output, in the layouts its public command reference
-documents (hiascend.com, "npu-smi 命令参考"; the pages are named in tests/fixtures/npu_smi).
+documents (hiascend.com, "npu-smi 命令参考"; the pages are named in hami/testkit/npu_smi).
 
 Pure: text in, plain values out; ``NpuSmiError`` says what was expected. Three layouts:
 
