@@ -84,6 +84,16 @@ class CambriconBackend(Backend):
     node_lock = False
     vendor_lock = cambricon_go.NODE_LOCK
     known_options = frozenset({*_STRING_OPTIONS, "cnmon_timeout"})
+    # Go HAMi 2.10 reads Cambricon uuid selectors as cambricon.com/{use,nouse}-gpuuuid; the
+    # mluuuid keys this project documented first stay read (DeviceKind.selector_aliases).
+    selector_keys: tuple[tuple[str, str], ...] = (
+        ("use-uuid", "cambricon.com/use-gpuuuid"),
+        ("nouse-uuid", "cambricon.com/nouse-gpuuuid"),
+    )
+    selector_aliases: tuple[tuple[str, str], ...] = (
+        ("use-uuid", "cambricon.com/use-mluuuid"),
+        ("nouse-uuid", "cambricon.com/nouse-mluuuid"),
+    )
 
     def __init__(self, settings: BackendSettings | None = None) -> None:
         super().__init__(settings)

@@ -150,6 +150,10 @@ class DeviceKind:
     # Selector annotation keys by name (``use-uuid``, ``nouse-uuid``, ...) where Go HAMi's
     # differ from ``annotation``'s pattern (Ascend: ``hami.io/use-{type}-uuid``).
     selector_keys: tuple[tuple[str, str], ...] = ()
+    # Older keys still read for a selector (name, key), documented here before Go's key was
+    # (Cambricon: ``cambricon.com/use-mluuuid`` besides Go's ``use-gpuuuid``). Only one
+    # set: it is used; both set: they must name the same values, else the pod is refused.
+    selector_aliases: tuple[tuple[str, str], ...] = ()
     # The backend's own request rules (``RequestRule``); None: the generic rules only. With
     # one, the webhook writes the request it returns into the container, as Go HAMi's
     # webhook rewrites an Ascend container's memory to its template.
@@ -240,6 +244,7 @@ class DeviceKind:
             selector_words=getattr(backend, "selector_words", ()),
             register_key=str(getattr(backend, "register_key", "")),
             selector_keys=tuple(getattr(backend, "selector_keys", ())),
+            selector_aliases=tuple(getattr(backend, "selector_aliases", ())),
             request_rule=getattr(backend, "request_rule", None),
             cores_per_container=bool(getattr(backend, "cores_per_container", False)),
             memory_per_container=bool(getattr(backend, "memory_per_container", False)),
@@ -507,13 +512,35 @@ def _comma_list(value: str | None) -> list[str]:
     return [part.strip() for part in value.split(",") if part.strip()]
 
 
-def parse_selectors(annotations: Mapping[str, str], kind: DeviceKind) -> Selectors:
-    use_types = tuple(t.lower() for t in _comma_list(annotations.get(kind.annotation("use-type"))))
-    nouse_types = tuple(
-        t.lower() for t in _comma_list(annotations.get(kind.annotation("nouse-type")))
-    )
-    use_uuids = frozenset(_comma_list(annotations.get(kind.annotation("use-uuid"))))
-    nouse_uuids = frozenset(_comma_list(annotations.get(kind.annotation("nouse-uuid"))))
+def _selector_list(
+    annotations: Mapping[str, str], kind: DeviceKind, name: str, where: str
+) -> list[str]:
+    """The values of selector ``name`` under its key or an older alias of it; both set with
+    different values is ambiguous, so the pod is refused rather than one silently ignored."""
+    key = kind.annotation(name)
+    values = _comma_list(annotations.get(key))
+    for alias_name, alias in kind.selector_aliases:
+        old = _comma_list(annotations.get(alias)) if alias_name == name else []
+        if not old:
+            continue
+        if values and set(old) != set(values):
+            raise RequestError(
+                f"{where}: annotations {key}={','.join(values)[:100]!r} and {alias}="
+                f"{','.join(old)[:100]!r} disagree; set only {key} ({alias} is its older name)"
+            )
+        values = values or old
+    return values
+
+
+def parse_selectors(
+    annotations: Mapping[str, str], kind: DeviceKind, where: str = "pod"
+) -> Selectors:
+    """The pod's selector annotations for ``kind``; RequestError (naming ``where``) when a
+    key and its older alias disagree."""
+    use_types = tuple(t.lower() for t in _selector_list(annotations, kind, "use-type", where))
+    nouse_types = tuple(t.lower() for t in _selector_list(annotations, kind, "nouse-type", where))
+    use_uuids = frozenset(_selector_list(annotations, kind, "use-uuid", where))
+    nouse_uuids = frozenset(_selector_list(annotations, kind, "nouse-uuid", where))
     numa = (annotations.get(kind.annotation("numa-bind")) or "").strip().lower() == "true"
     mode = annotations.get(f"{kind.domain}/vgpu-mode") if kind.domain else None
     needs = kind.pod_needs(annotations) if kind.pod_needs is not None else frozenset()
@@ -634,7 +661,7 @@ def parse_pod(pod: Mapping[str, Any], kinds: Sequence[DeviceKind]) -> PodRequest
         return None
     types = {r.type_word for c in parsed for r in c}
     selectors = {
-        kind.type_word: parse_selectors(annotations, kind)
+        kind.type_word: parse_selectors(annotations, kind, f"pod {name}")
         for kind in kinds
         if kind.type_word in types
     }
