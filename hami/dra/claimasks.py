@@ -9,6 +9,7 @@ CEL it cannot read, and the claims already allocated (which pin the pod to their
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,12 @@ from hami.dra import names, podrequest
 from hami.protocol.resources import ResourceNames
 
 _SUFFIX = "." + names.DRIVER_DOMAIN
+# a claim for one MIG partition profile (docs/dra.md "MIG GPUs: partitionable devices")
+_PROFILE_IS = re.compile(
+    r'^\s*device\.attributes\["(?P<driver>[^"]+)"\]\.'
+    + names.MIG_PROFILE
+    + r'\s*==\s*"(?P<profile>[^"]+)"\s*$'
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +48,7 @@ class Want:
     nouse_models: tuple[str, ...]
     tolerations: tuple[Toleration, ...]
     distinct: bool  # distinctAttribute: each of ``count`` on a different device
+    mig_profile: str | None = None  # a CEL selector asks this MIG partition profile
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +167,10 @@ def _want(
         f"{label}: selector {expression!r} is not judged by hami"
         for expression in _expressions(choice.body)
         if not podrequest.reads_selector(expression, choice.driver)
+        and profile_asked(expression, choice.driver) is None
+    ]
+    profiles = [
+        p for e in _expressions(choice.body) if (p := profile_asked(e, choice.driver)) is not None
     ]
     path = f"{request}/{choice.subrequest}" if choice.subrequest else request
     want = Want(
@@ -171,8 +183,17 @@ def _want(
         nouse_models=choice.asked.nouse_types,
         tolerations=_tolerations(choice.body, label),
         distinct=bool({"*", request, path} & distinct),
+        mig_profile=profiles[0] if profiles else None,
     )
     return want, notes
+
+
+def profile_asked(expression: str, driver: str) -> str | None:
+    """The MIG profile a ``migProfile == "..."`` selector of ``driver`` asks, else None."""
+    match = _PROFILE_IS.match(expression)
+    if match is None or match.group("driver") != driver:
+        return None
+    return match.group("profile")
 
 
 def _expressions(body: Mapping[str, Any]) -> list[str]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from hami.core.requests import parse_quantity
 from hami.core.usage import Use
-from hami.dra import inventory
+from hami.dra import inventory, names
 
 MIB = inventory.MIB
 
@@ -62,6 +62,25 @@ class DeviceView:
         return self.uuid
 
 
+@dataclass(frozen=True, slots=True)
+class PartView:
+    """One MIG partition device (``hami.dra.migslices``): a profile at a placement of
+    the memory slices of one GPU."""
+
+    node: str
+    driver: str
+    name: str
+    uuid: str  # the GPU's
+    profile: str
+    start: int
+    size: int
+    taints: tuple[Taint, ...] = ()
+
+    @property
+    def slices(self) -> range:
+        return range(self.start, self.start + self.size)
+
+
 @dataclass(slots=True)
 class Held:
     """What allocated claims hold on one device, and which claims."""
@@ -78,6 +97,7 @@ class Picture:
     errors: tuple[str, ...] = ()
     # pool -> its node (hami names a pool after its node; another writer may not)
     pools: Mapping[str, str] = field(default_factory=dict)
+    partitions: Mapping[str, tuple[PartView, ...]] = field(default_factory=dict)  # by node
 
 
 _parse_text = functools.lru_cache(maxsize=4096)(parse_quantity)
@@ -153,6 +173,37 @@ def _view(node: str, driver: str, entry: Mapping[str, Any], where: str) -> Devic
     )
 
 
+def _partition(entry: Any) -> bool:
+    attributes = entry.get("attributes") if isinstance(entry, Mapping) else None
+    return isinstance(attributes, Mapping) and names.MIG_PROFILE in attributes
+
+
+def _int(attributes: Mapping[str, Any], name: str) -> int | None:
+    value = attributes.get(name)
+    value = value.get("int") if isinstance(value, Mapping) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _part(node: str, driver: str, entry: Mapping[str, Any], where: str) -> PartView:
+    name = str(entry.get("name") or "?")
+    attributes = entry["attributes"]
+    profile = attributes[names.MIG_PROFILE]
+    profile = profile.get("string") if isinstance(profile, Mapping) else None
+    start, size = _int(attributes, "migStart"), _int(attributes, "migSize")
+    if not isinstance(profile, str) or not profile or start is None or size is None:
+        raise ValueError(
+            f"{where} device {name!r}: MIG partition attributes unreadable "
+            "(migProfile string, migStart and migSize ints)"
+        )
+    if start < 0 or size < 1:
+        raise ValueError(f"{where} device {name!r}: MIG placement {start}+{size} is not legal")
+    uuid = attributes.get("uuid")
+    uuid = uuid.get("string") if isinstance(uuid, Mapping) else None
+    return PartView(
+        node, driver, name, str(uuid or name), profile, start, size, _taints(entry, where)
+    )
+
+
 def _newest(slices: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The slices of each pool's newest generation (an older one is being replaced)."""
     newest: dict[tuple[str, str], int] = {}
@@ -176,8 +227,16 @@ def picture(slices: Iterable[Mapping[str, Any]], drivers: Mapping[str, str]) -> 
     devices: dict[str, list[DeviceView]] = {}
     published: dict[str, set[str]] = {}
     pools: dict[str, str] = {}
+    parts: dict[str, list[PartView]] = {}
     errors: list[str] = []
-    for obj in _newest(slices):
+    for whole in _newest(slices):
+        # partitions have no share capacities: inventory would call each unreadable
+        entries = whole["spec"].get("devices")
+        entries = entries if isinstance(entries, list) else []
+        obj = {
+            **whole,
+            "spec": {**whole["spec"], "devices": [e for e in entries if not _partition(e)]},
+        }
         read = inventory.slice_devices(obj, drivers)
         if read is None:
             continue
@@ -187,6 +246,11 @@ def picture(slices: Iterable[Mapping[str, Any]], drivers: Mapping[str, str]) -> 
         driver = str(spec.get("driver"))
         pools[str(spec["pool"].get("name") or "")] = read.node
         published.setdefault(read.node, set()).add(driver)
+        for entry in filter(_partition, entries):
+            try:
+                parts.setdefault(read.node, []).append(_part(read.node, driver, entry, where))
+            except (ValueError, TypeError) as exc:
+                errors.append(str(exc))
         readable = {d.uuid for d in read.devices}  # inventory keys devices by their name
         for entry in spec.get("devices") or []:
             if not isinstance(entry, Mapping) or str(entry.get("name")) not in readable:
@@ -200,6 +264,7 @@ def picture(slices: Iterable[Mapping[str, Any]], drivers: Mapping[str, str]) -> 
         {node: frozenset(d) for node, d in published.items()},
         tuple(errors),
         pools,
+        {node: tuple(views) for node, views in parts.items()},
     )
 
 
@@ -214,17 +279,21 @@ def holds(
     drivers: Mapping[str, str],
     skip: Sequence[str] = (),
     pools: Mapping[str, str] | None = None,
+    partitions: Mapping[str, Iterable[PartView]] | None = None,
 ) -> tuple[dict[str, dict[str, Held]], list[str]]:
     """node -> device name -> what allocated claims hold there (a result's pool is its
     node through ``pools``, else by hami's naming); claims named in ``skip`` (``ns/name``)
     are left out. A result without consumed capacity holds the device whole
-    (``inventory``'s rule), and says which claim does."""
+    (``inventory``'s rule), and says which claim does; one on a MIG partition
+    (``partitions``: node -> its partitions) holds that partition's slices."""
     out: dict[str, dict[str, Held]] = {}
     errors: list[str] = []
+    parted = {(p.node, p.name) for views in (partitions or {}).values() for p in views}
     for obj in claims:
         name = claim_name(obj)
         if name in skip:
             continue
+        obj = _hold_partitions(obj, name, parted, pools or {}, out)
         read = inventory.claim_holds(obj, drivers)
         errors.extend(read.errors)
         for pool, usage in read.usage.items():
@@ -236,3 +305,35 @@ def holds(
                 if use.memory >= inventory.WHOLE_MEMORY:
                     held.whole.append(name)
     return out, errors
+
+
+def _hold_partitions(
+    obj: Mapping[str, Any],
+    name: str,
+    parted: set[tuple[str, str]],
+    pools: Mapping[str, str],
+    out: dict[str, dict[str, Held]],
+) -> Mapping[str, Any]:
+    """Records the claim's results on MIG partitions in ``out``, and gives the claim back
+    without them (a partition is taken by its counters, not by consumed capacity)."""
+    status = obj.get("status") if isinstance(obj, Mapping) else None
+    allocation = status.get("allocation") if isinstance(status, Mapping) else None
+    devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
+    results = devices.get("results") if isinstance(devices, Mapping) else None
+    if not (parted and isinstance(results, list) and isinstance(devices, Mapping)):
+        return obj
+    if not (isinstance(status, Mapping) and isinstance(allocation, Mapping)):
+        return obj
+    rest: list[Any] = []
+    for result in results:
+        pool = result.get("pool") if isinstance(result, Mapping) else None
+        device = result.get("device") if isinstance(result, Mapping) else None
+        node = pools.get(pool, pool) if isinstance(pool, str) else None
+        if isinstance(node, str) and (node, device) in parted:
+            out.setdefault(node, {}).setdefault(str(device), Held()).claims.append(name)
+        else:
+            rest.append(result)
+    if len(rest) == len(results):
+        return obj
+    devices = {**devices, "results": rest}
+    return {**obj, "status": {**status, "allocation": {**allocation, "devices": devices}}}

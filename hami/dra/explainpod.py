@@ -69,13 +69,17 @@ def explain_pod(
         return None
     drivers = hami_drivers(slices)
     seen = devicepicture.picture((s for s in slices if isinstance(s, Mapping)), drivers)
-    held, hold_errors = devicepicture.holds(index.values(), drivers, pools=seen.pools)
-    every = {n for n in nodes if n} | set(seen.devices) | {p.node for p in asks.pinned}
+    held, hold_errors = devicepicture.holds(
+        index.values(), drivers, pools=seen.pools, partitions=seen.partitions
+    )
+    every = {n for n in nodes if n} | set(seen.devices) | set(seen.partitions)
+    every |= {p.node for p in asks.pinned}
     verdicts: dict[str, whynot.Verdict] = {}
     for node in sorted(every):
         devices = seen.devices.get(node, ())
         mine = held.get(node, {})
-        verdicts[node] = whynot.judge_node(node, asks.wanted, devices, mine, asks.pinned)
+        parts = seen.partitions.get(node, ())
+        verdicts[node] = whynot.judge_node(node, asks.wanted, devices, mine, asks.pinned, parts)
     spec = pod.get("spec")
     assigned = spec.get("nodeName") if isinstance(spec, Mapping) else None
     unreadable = not asks.wanted and not asks.pinned

@@ -14,12 +14,12 @@ kube-scheduler's, and the answer says so.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from hami.dra import taints
+from hami.dra import migwhynot, taints
 from hami.dra.claimasks import Pinned, Toleration, Want, Wanted
-from hami.dra.devicepicture import DeviceView, Held, Taint
+from hami.dra.devicepicture import DeviceView, Held, PartView, Taint
 
 BLOCKING = ("NoSchedule", "NoExecute")  # a taint with effect None only informs
 SEARCH_STEPS = 20_000  # placements tried per node before the combined check gives up
@@ -221,17 +221,18 @@ def judge_node(
     devices: Sequence[DeviceView],
     holds: Mapping[str, Held],
     pinned: Sequence[Pinned] = (),
+    parts: Sequence[PartView] = (),
 ) -> Verdict:
     """Whether the node can meet every request of the pod; if not, why, naming the
     claim, the request, the device and the shortfall. ``holds``: by device name, this
-    node's only."""
+    node's only; ``parts``: its MIG partitions."""
     lines = [
         f"{p.claim} is allocated on node {p.node} ({', '.join(p.devices)}): "
         "the pod can only go there"
         for p in pinned
         if p.node != node
     ]
-    drivers = {d.driver for d in devices}
+    drivers = {d.driver for d in devices} | {p.driver for p in parts}
     usable: list[list[Want]] = []
     for request in wanted:
         ok: list[Want] = []
@@ -240,7 +241,11 @@ def judge_node(
             if want.driver not in drivers:
                 why.append(f"the node publishes no {want.driver} devices, {want.label} asks them")
                 continue
-            room, reasons = _alone(want, devices, holds)
+            if want.mig_profile is None:
+                room, reasons = _alone(want, devices, holds)
+                reasons.extend(migwhynot.not_shared(want, parts))
+            else:
+                room, reasons = migwhynot.alone(want, parts, holds, _blocks(want))
             if room >= want.count:
                 ok.append(want)
                 continue
@@ -249,9 +254,11 @@ def judge_node(
             why.extend(reasons)
         if not ok:
             lines.extend(why)
-        usable.append(ok)
+        # a request a partition meets is left out of the combined search (shared devices)
+        if not any(w.mig_profile for w in ok):
+            usable.append(ok)
     if lines:
-        full = _all_used(devices, holds)
+        full = "" if parts else _all_used(devices, holds)
         return Verdict(False, tuple(([full] if full else []) + lines))
     fit = together(usable, devices, holds)
     if fit is False:
@@ -262,6 +269,10 @@ def judge_node(
     if fit is None:
         return Verdict(True, ("each request fits alone; too many ways to check them together",))
     return Verdict(True, ())
+
+
+def _blocks(want: Want) -> Callable[[Taint], bool]:
+    return lambda taint: taint.effect in BLOCKING and not tolerated(want.tolerations, taint)
 
 
 def _all_used(devices: Sequence[DeviceView], holds: Mapping[str, Held]) -> str:
