@@ -20,6 +20,7 @@ from hami.backends.nvidia import NvidiaBackend
 from hami.dra import migslices
 from hami.kube.raw import KubeError
 from hami.protocol.mig import placements_overlap
+from hami.scheduler import draexplain
 from hami.testkit.cluster import LocalCluster, NodeSpec, Timing, phase_of, poll
 from hami.testkit.controlplane import ControlPlane
 from hami.testkit.dra_pods import claims_path, dra_pod, templates_path
@@ -158,8 +159,15 @@ async def test_mixed_profiles_fill_the_gpu_and_instances_match(
         return False
 
     await poll(unschedulable, 60, "kube-scheduler says the 1g claim cannot be allocated")
-    assert phase_of(await cluster.get_pod("waits")) == "Pending"
+    waiting = await cluster.get_pod("waits")
+    assert phase_of(waiting) == "Pending"
     assert len(nvml.live(0)) == 4
+    # hami explain names the GPU and the claims holding its slices
+    answer = await draexplain.explain(cluster.kube, waiting)
+    assert answer is not None
+    line = answer["nodes"][NODE]
+    assert line.startswith(f"no 1g.5gb placement free on GPU {GPU}: "), answer
+    assert line.count("held by claim") == 4, line
 
     # an agent restart (a new backend object: only the ledger file and the checkpoint carry
     # over) republishes the pool and keeps every instance
