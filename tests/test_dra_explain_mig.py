@@ -45,9 +45,12 @@ def partition(bodies: list[dict[str, Any]], profile: str, start: int) -> str:
     raise AssertionError(f"no {profile} at {start}")
 
 
-def profile_spec(profile: str) -> dict[str, Any]:
+def profile_spec(profile: str, *, guarded: bool = False) -> dict[str, Any]:
     spec = claim_spec()
-    expression = f'device.attributes["{DRIVER}"].migProfile == "{profile}"'
+    attribute = f'device.attributes["{DRIVER}"].migProfile'
+    expression = f'{attribute} == "{profile}"'
+    if guarded:  # the form a claim beside shared devices needs (hami demo writes it)
+        expression = f"has({attribute}) && {expression}"
     spec["devices"]["requests"][0]["exactly"]["selectors"] = [{"cel": {"expression": expression}}]
     return spec
 
@@ -103,6 +106,16 @@ def test_a_held_partition_blocks_only_the_placements_it_overlaps() -> None:
     assert whole["nodes"][NODE] == (
         f"no 7g.40gb placement free on GPU {UUID}: slice 6 held by claim other/a"
     )
+
+
+def test_a_guarded_profile_selector_is_read_too() -> None:
+    bodies = pool()
+    others = [holder("a", partition(bodies, "7g.40gb", 0))]
+    got = answer(profile_spec("1g.5gb", guarded=True), bodies, others)
+    assert got["nodes"][NODE] == (
+        f"no 1g.5gb placement free on GPU {UUID}: slices 0-7 held by claim other/a"
+    )
+    assert got["notes"] == []
 
 
 def test_profile_the_gpu_does_not_offer() -> None:

@@ -20,9 +20,13 @@ from hami.protocol.resources import ResourceNames
 
 _SUFFIX = "." + names.DRIVER_DOMAIN
 # a claim for one MIG partition profile (docs/dra.md "MIG GPUs: partitionable devices")
+# (``has(...) &&`` first, as a claim beside shared devices needs: docs/dra.md)
+_ATTRIBUTE = r'device\.attributes\["(?P<DRIVER>[^"]+)"\]\.' + names.MIG_PROFILE
 _PROFILE_IS = re.compile(
-    r'^\s*device\.attributes\["(?P<driver>[^"]+)"\]\.'
-    + names.MIG_PROFILE
+    r"^\s*(?:has\("
+    + _ATTRIBUTE.replace("DRIVER", "has")
+    + r"\)\s*&&\s*)?"
+    + _ATTRIBUTE.replace("DRIVER", "driver")
     + r'\s*==\s*"(?P<profile>[^"]+)"\s*$'
 )
 
@@ -192,6 +196,8 @@ def profile_asked(expression: str, driver: str) -> str | None:
     """The MIG profile a ``migProfile == "..."`` selector of ``driver`` asks, else None."""
     match = _PROFILE_IS.match(expression)
     if match is None or match.group("driver") != driver:
+        return None
+    if match.group("has") not in (None, driver):
         return None
     return match.group("profile")
 
