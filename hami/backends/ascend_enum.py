@@ -14,14 +14,12 @@ The physical id P is what Ascend Docker Runtime reads in ``ASCEND_VISIBLE_DEVICE
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
-import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hami.backends import npu_smi
+from hami.backends import npu_smi, toolrun
 from hami.backends.base import BackendError
 
 _DAVINCI = re.compile(r"davinci(\d+)")
@@ -47,40 +45,14 @@ class NpuSmi:
         self.dev_dir = dev_dir
 
     async def run(self, *args: str) -> str:
-        shown = " ".join((self.command, *args))
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                self.command,
-                *args,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                start_new_session=True,  # its own process group: a timeout kills it all
-            )
-        except FileNotFoundError as exc:
-            raise BackendError(
-                f"ascend: {self.command!r} not found: the node needs Huawei's NPU driver and "
-                f"npu-smi visible to the node agent (on its PATH, or set the backend option "
-                f"'npu_smi' to its path)"
-            ) from exc
-        except PermissionError as exc:
-            raise BackendError(f"ascend: {self.command!r} is not executable: {exc}") from exc
-        try:
-            async with asyncio.timeout(self.timeout):
-                stdout, stderr = await proc.communicate()
-        except asyncio.CancelledError:
-            await _kill(proc)  # the caller gave up: leave no npu-smi behind
-            raise
-        except TimeoutError:
-            await _kill(proc)
-            raise BackendError(
-                f"ascend: '{shown}' did not finish within {self.timeout:g} s (a hung driver? "
-                f"raise the backend option 'npu_smi_timeout' if it is slow)"
-            ) from None
-        if proc.returncode != 0:
-            tail = stderr.decode(errors="replace").strip()[-500:] or "(no stderr)"
-            raise BackendError(f"ascend: '{shown}' exited with status {proc.returncode}: {tail}")
-        return stdout.decode(errors="replace")
+        return await toolrun.run_tool(
+            (self.command, *args),
+            label="ascend",
+            timeout=self.timeout,
+            timeout_option="npu_smi_timeout",
+            missing="the node needs Huawei's NPU driver and npu-smi visible to the node agent "
+            "(on its PATH, or set the backend option 'npu_smi' to its path)",
+        )
 
     async def query(self, *args: str) -> dict[str, str]:
         text = await self.run(*args)
@@ -149,9 +121,3 @@ def _unreadable(args: Sequence[str], text: str, exc: Exception) -> BackendError:
     return BackendError(
         f"ascend: cannot read 'npu-smi {' '.join(args)}' output ({exc}); it starts with: {snippet}"
     )
-
-
-async def _kill(proc: asyncio.subprocess.Process) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)  # its process group: also a wrapper's children
-    await proc.wait()

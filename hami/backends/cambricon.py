@@ -23,18 +23,16 @@ Options (``BackendSettings.options``), with their defaults:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import shutil
-import signal
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import structlog
 
-from hami.backends import cambricon_go
+from hami.backends import cambricon_go, toolrun
 from hami.backends._nvml import numa_node
 from hami.backends.base import (
     AllocationRequest,
@@ -153,44 +151,17 @@ class CambriconBackend(Backend):
         command = self.opts["cnmon"]
         workdir = await asyncio.to_thread(tempfile.mkdtemp, prefix="hami-cnmon-")
         try:
-            try:
-                proc = await asyncio.create_subprocess_exec(
-                    command,
-                    "info",
-                    "-j",
-                    cwd=workdir,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE,
-                    start_new_session=True,  # its own process group: a timeout kills it all
-                )
-            except FileNotFoundError as exc:
-                raise BackendError(
-                    f"mlu: {command!r} not found: the node needs the Cambricon driver and "
-                    f"cnmon installed, visible to the node agent (on its PATH, or set the "
-                    f"backend option 'cnmon' to its path)"
-                ) from exc
-            except PermissionError as exc:
-                raise BackendError(f"mlu: {command!r} is not executable: {exc}") from exc
-            try:
-                async with asyncio.timeout(self.cnmon_timeout):
-                    stdout, stderr = await proc.communicate()
-            except asyncio.CancelledError:
-                await _kill(proc)  # the caller gave up: leave no cnmon behind
-                raise
-            except TimeoutError:
-                await _kill(proc)
-                raise BackendError(
-                    f"mlu: '{command} info -j' did not finish within {self.cnmon_timeout:g} s "
-                    f"(a hung driver? raise the backend option 'cnmon_timeout' if it is slow)"
-                ) from None
-            if proc.returncode != 0:
-                tail = stderr.decode(errors="replace").strip()[-500:] or "(no stderr)"
-                raise BackendError(
-                    f"mlu: '{command} info -j' exited with status {proc.returncode}: {tail}"
-                )
+            stdout = await toolrun.run_tool(
+                (command, "info", "-j"),
+                label="mlu",
+                timeout=self.cnmon_timeout,
+                timeout_option="cnmon_timeout",
+                missing="the node needs the Cambricon driver and cnmon installed, visible to "
+                "the node agent (on its PATH, or set the backend option 'cnmon' to its path)",
+                cwd=workdir,
+            )
             written = await asyncio.to_thread(_read_if_present, os.path.join(workdir, _OUTPUT_FILE))
-            return written if written is not None else stdout.decode(errors="replace")
+            return written if written is not None else stdout
         finally:
             await asyncio.to_thread(shutil.rmtree, workdir, True)
 
@@ -285,12 +256,6 @@ class CambriconBackend(Backend):
 
     def _on_host(self, path: str) -> bool:
         return os.path.exists(os.path.join(self.opts["host_root"], path.lstrip("/")))
-
-
-async def _kill(proc: asyncio.subprocess.Process) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)  # its process group: also a wrapper's children
-    await proc.wait()
 
 
 def _read_if_present(path: str) -> str | None:

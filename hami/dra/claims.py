@@ -69,7 +69,32 @@ class ClaimAllocation:
         return bool(self.devices) and all(d.admin_access for d in self.devices)
 
 
-def _ref(claim: Mapping[str, Any]) -> str:
+def driver_results(
+    claim: Mapping[str, Any], uid: str, type_word: str
+) -> tuple[str, list[Mapping[str, Any]]]:
+    """The claim's name for errors and its allocation results for this type's driver,
+    after checking it is the claim kubelet asked for and is allocated. Raises ClaimError
+    naming the claim."""
+    where = claim_ref(claim)
+    meta = claim.get("metadata") or {}
+    if meta.get("uid") != uid:
+        raise ClaimError(
+            f"{where}: uid {meta.get('uid')!r} is not the {uid!r} kubelet asked for "
+            "(the claim was deleted and created again); kubelet retries with the new one"
+        )
+    driver = names.driver_name(type_word)
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not isinstance(allocation, Mapping):
+        raise ClaimError(f"{where}: not allocated; kube-scheduler allocates it before kubelet")
+    results = (allocation.get("devices") or {}).get("results") or []
+    mine = [r for r in results if isinstance(r, Mapping) and r.get("driver") == driver]
+    if not mine:
+        raise ClaimError(f"{where}: no allocation result for driver {driver}")
+    return where, mine
+
+
+def claim_ref(claim: Mapping[str, Any]) -> str:
+    """A claim's name in errors."""
     meta = claim.get("metadata") or {}
     return f"ResourceClaim {meta.get('namespace', '?')}/{meta.get('name', '?')}"
 
@@ -124,21 +149,8 @@ def claim_allocation(
     """This driver's results of ``claim``, validated against this node's devices, in groups
     by what the containers of ``pods`` (those it is reserved for) use together. Raises
     ClaimError (or the check's own error) naming the claim."""
-    where = _ref(claim)
+    where, mine = driver_results(claim, uid, backend.type_word)
     meta = claim.get("metadata") or {}
-    if meta.get("uid") != uid:
-        raise ClaimError(
-            f"{where}: uid {meta.get('uid')!r} is not the {uid!r} kubelet asked for "
-            "(the claim was deleted and created again); kubelet retries with the new one"
-        )
-    driver = names.driver_name(backend.type_word)
-    allocation = (claim.get("status") or {}).get("allocation")
-    if not isinstance(allocation, Mapping):
-        raise ClaimError(f"{where}: not allocated; kube-scheduler allocates it before kubelet")
-    results = (allocation.get("devices") or {}).get("results") or []
-    mine = [r for r in results if isinstance(r, Mapping) and r.get("driver") == driver]
-    if not mine:
-        raise ClaimError(f"{where}: no allocation result for driver {driver}")
     by_name = {names.device_name(backend.type_word, d.index): d for d in node_devices}
     admin_requests = _admin_requests(claim)
     out: list[ClaimDevice] = []

@@ -22,7 +22,7 @@ from typing import Any
 from hami.backends.base import Backend, ContainerAllocation, Device
 from hami.backends.mig_instances import MigInstances, Owner, Realised
 from hami.dra import cdi, migslices, names
-from hami.dra.claims import ClaimAllocation, ClaimError
+from hami.dra.claims import ClaimAllocation, ClaimError, claim_ref, driver_results
 from hami.dra.groups import base_request, container_requests, request_groups
 from hami.dra.migslices import Partition
 from hami.dra.prepare import Group, Prepared, group_names
@@ -52,11 +52,6 @@ def serves_mig(backend: Backend, devices: Sequence[Device]) -> bool:
     return instances_of(backend) is not None and migslices.partitioned(devices)
 
 
-def _ref(claim: Mapping[str, Any]) -> str:
-    meta = claim.get("metadata") or {}
-    return f"ResourceClaim {meta.get('namespace', '?')}/{meta.get('name', '?')}"
-
-
 def mig_results(
     claim: Mapping[str, Any],
     *,
@@ -67,21 +62,7 @@ def mig_results(
 ) -> list[MigResult]:
     """This driver's results of ``claim``, each on a partition of this node. Raises
     ClaimError naming the claim."""
-    where = _ref(claim)
-    meta = claim.get("metadata") or {}
-    if meta.get("uid") != uid:
-        raise ClaimError(
-            f"{where}: uid {meta.get('uid')!r} is not the {uid!r} kubelet asked for "
-            "(the claim was deleted and created again); kubelet retries with the new one"
-        )
-    driver = names.driver_name(backend.type_word)
-    allocation = (claim.get("status") or {}).get("allocation")
-    if not isinstance(allocation, Mapping):
-        raise ClaimError(f"{where}: not allocated; kube-scheduler allocates it before kubelet")
-    results = (allocation.get("devices") or {}).get("results") or []
-    mine = [r for r in results if isinstance(r, Mapping) and r.get("driver") == driver]
-    if not mine:
-        raise ClaimError(f"{where}: no allocation result for driver {driver}")
+    where, mine = driver_results(claim, uid, backend.type_word)
     parts = migslices.partitions(backend.type_word, node_devices)
     out: list[MigResult] = []
     for i, result in enumerate(mine):
@@ -132,7 +113,9 @@ def prepare_mig_claim(
     BackendError."""
     instances = instances_of(backend)
     if instances is None:
-        raise ClaimError(f"{_ref(claim)}: the {backend.type_word} backend makes no MIG instances")
+        raise ClaimError(
+            f"{claim_ref(claim)}: the {backend.type_word} backend makes no MIG instances"
+        )
     results = mig_results(claim, uid=uid, node=node, backend=backend, node_devices=node_devices)
     meta = claim.get("metadata") or {}
     namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
