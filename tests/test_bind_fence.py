@@ -12,8 +12,9 @@ from datetime import timedelta
 import pytest
 from _core_helpers import NOW, NVIDIA, gpu, node, pod, register
 
-from hami.core.cluster import Cluster, PodRecord
+from hami.core.cluster import Cluster
 from hami.core.fence import bind_refusal
+from hami.core.podrecord import PodRecord
 from hami.core.requests import parse_pod
 from hami.kube.nodelock import LockRules, judge_holder
 from hami.protocol import ContainerDevice, NodeLock, encode_pod_devices

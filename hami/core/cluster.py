@@ -27,12 +27,12 @@ from collections.abc import (
 )
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime, timedelta
-from types import MappingProxyType
 from typing import Any
 
 from hami.core import defrag, migfit, nofit, topology
 from hami.core.defragpolicy import DEFRAG, DefragPolicy
 from hami.core.fit import BINPACK, NodeFit, NodeMiss, PairScores, TypeView, fit_pod
+from hami.core.podrecord import NOTHING_MIG, NOTHING_WHOLE, PodRecord, held_of, values_of
 from hami.core.quota import Quotas
 from hami.core.requests import (
     DeviceKind,
@@ -77,10 +77,6 @@ PRECHECK_AFTER = 256
 NEAR = 2048
 SCANS = 4
 MOVED_HINTS = 65536
-# PodRecord.whole of the records that hold nothing whole (nearly all): one shared empty
-# mapping instead of an empty dict per record (64 bytes x half a million pods).
-_NOTHING_WHOLE: Mapping[str, frozenset[str]] = MappingProxyType({})
-_NOTHING_MIG: migfit.PodMig = MappingProxyType({})
 
 
 @dataclass(slots=True, eq=False)
@@ -152,40 +148,6 @@ class NodeState:
     whole: dict[tuple[str, frozenset[str]], int] = field(default_factory=dict)
     whole_uuids: set[str] = field(default_factory=set)
     mig: dict[str, migfit.MigHold] = field(default_factory=dict)  # uuid -> MIG reservations
-
-
-@dataclass(frozen=True, slots=True)
-class PodRecord:
-    key: str  # namespace/name
-    uid: str
-    node: str
-    usage: Mapping[str, Use]  # uuid -> hold
-    bound: bool = False
-    # Bookkeeping of an unbound decision's deadline, not part of what the pod holds (so
-    # excluded from ==, which callers use to ask "is this still the hold I saw?").
-    stamp: str | None = field(default=None, compare=False)  # hami.io/vgpu-time as written
-    since: datetime | None = field(default=None, compare=False)  # deadline start, None: next pass
-    reserved: bool = field(default=False, compare=False)  # made by reserve(), not yet written
-    # a reservation's start on the scheduler's monotonic clock (expire_reservations)
-    reserved_at: float = field(default=0.0, compare=False)
-    # the annotations bind writes for a reservation (protocol.md section 3), None when the
-    # decision is already on the pod
-    decision: Mapping[str, str | None] | None = field(default=None, compare=False)
-    # the pod's resourceVersion as filter saw it: bind writes the decision only on that
-    # version of the pod (or, after a conflict, on one still unbound)
-    pod_version: str | None = field(default=None, compare=False)
-    # uuid -> device type: which quota resources the hold counts against (hami.core.quota)
-    types: Mapping[str, str] = field(default_factory=dict, compare=False)
-    # device type -> per annotation entry (container) devices: the per-container metrics
-    assignment: Mapping[str, Sequence[Sequence[ContainerDevice]]] = field(
-        default_factory=dict, compare=False
-    )
-    # device type -> ids held entirely because the type's value cannot be read and no
-    # readable one came before (empty, or not all registered on the node: every device of
-    # the type there). Fails closed: an unreadable value never frees room.
-    whole: Mapping[str, frozenset[str]] = field(default_factory=dict)
-    # gpu uuid -> the MIG placements held there (hami.io/vgpu-mig-allocations; migfit)
-    mig: migfit.PodMig = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -673,6 +635,7 @@ class Cluster:
         usage: dict[str, Use] = {}
         types: dict[str, str] = {}
         assignment: dict[str, Sequence[Sequence[ContainerDevice]]] = {}
+        values: list[tuple[str, str]] = []  # the readable values, as text (PodRecord.values)
         whole: dict[str, frozenset[str]] = {}
         errors: list[str] = []
         for kind in self.kinds.values():
@@ -688,8 +651,11 @@ class Cluster:
                     for uuid, use in kept.items():
                         usage.setdefault(uuid, Use()).add(use)
                         types[uuid] = word
-                    if last is not None and word in last.assignment:
-                        assignment[word] = last.assignment[word]
+                    if last is not None:
+                        for last_word, text in last.values:
+                            if last_word == word:
+                                assignment[word] = decode_pod_devices(text)
+                                values.append((word, text))
                     held = f"what its last readable value held ({', '.join(sorted(kept))})"
                 else:
                     named = _named_devices(
@@ -709,6 +675,7 @@ class Cluster:
             # Go HAMi's values may lack the entries of containers without this type.
             positions = entry_containers(len(containers), requesting(specs, kind.resources))
             assignment[word] = containers
+            values.append((word, value))
             for uuid, use in pod_usage(containers, init_count, positions).items():
                 usage.setdefault(uuid, Use()).add(use)
                 types[uuid] = word
@@ -724,13 +691,12 @@ class Cluster:
             sys.intern(pod_key(obj)),  # the same string as the key of Cluster.pods
             uid,
             node,
-            usage,
+            held_of(usage, types),
             bound,
             stamp,
-            types=types,
-            assignment=assignment,
-            whole=whole or _NOTHING_WHOLE,
-            mig=mig or _NOTHING_MIG,
+            values=tuple(values),
+            whole=whole or NOTHING_WHOLE,
+            mig=mig or NOTHING_MIG,
         )
         return record, errors
 
@@ -820,9 +786,7 @@ class Cluster:
         as a bound pod's hold. Empty ``usage`` drops it."""
         record = None
         if usage:
-            record = PodRecord(
-                sys.intern(key), "", sys.intern(node), dict(usage), True, types=dict(types)
-            )
+            record = PodRecord(sys.intern(key), "", sys.intern(node), held_of(usage, types), True)
         self._set_record(sys.intern(key), record)
 
     def _set_record(self, key: str, record: PodRecord | None) -> None:
@@ -848,11 +812,12 @@ class Cluster:
 
     def _apply(self, record: PodRecord, sign: int) -> None:
         self._changed(record.node)
-        self.quotas.hold(record.key, record.usage, record.types, sign)
+        usage = record.usage
+        self.quotas.hold(record.key, usage, record.types, sign)
         node = self.nodes.get(record.node)
         if node is None:
             node = self.nodes[record.node] = NodeState(record.node, exists=False)
-        for uuid, use in record.usage.items():
+        for uuid, use in usage.items():
             total = node.usage.setdefault(uuid, Use())
             total.add(use, sign)
             if total.is_zero():
@@ -875,7 +840,7 @@ class Cluster:
                     device.set_use(node.usage.get(uuid), whole=uuid in held)
             node.whole_uuids = held
         if record.mig:
-            migfit.apply_hold(node.mig, record.mig, record.usage, sign, node.devices)
+            migfit.apply_hold(node.mig, record.mig, usage, sign, node.devices)
         if not node.exists and not node.usage and not node.whole and not node.mig:
             self._unindex(node)
             del self.nodes[record.node]
@@ -902,19 +867,17 @@ class Cluster:
         show that decision, they do not undo the hold (``upsert_pod``).
         """
         previous = self.pods.get(key)
-        types = fit_types(fit)
         record = PodRecord(
             key,
             uid,
             node,
-            fit.usage,
+            held_of(fit.usage, fit_types(fit)),
             reserved=True,
             reserved_at=at,
             decision=decision,
             pod_version=pod_version,
-            types=types,
-            assignment=fit.assignment,
-            mig=migfit.fit_mig(fit.mig),
+            values=values_of(fit.assignment),
+            mig=migfit.fit_mig(fit.mig) or NOTHING_MIG,
         )
         self._set_record(key, record)
         return previous
@@ -1332,7 +1295,7 @@ def _keeps_reservation(
 
 def _same_hold(a: PodRecord, b: PodRecord) -> bool:
     """The two records hold the same devices (their bookkeeping may differ)."""
-    return a.node == b.node and a.usage == b.usage and a.whole == b.whole and a.mig == b.mig
+    return a.node == b.node and a.held == b.held and a.whole == b.whole and a.mig == b.mig
 
 
 # What an operator does about an unreadable decision value (pod_record).
@@ -1365,7 +1328,7 @@ def _kept_hold(last: PodRecord | None, word: str) -> dict[str, Use]:
     """What ``last`` held of type ``word`` (from a readable value), per uuid."""
     if last is None:
         return {}
-    return {uuid: use for uuid, use in last.usage.items() if last.types.get(uuid) == word}
+    return {h[0]: Use(h[2], h[3], h[4]) for h in last.held if h[1] == word}
 
 
 def _named_devices(bad: str, to_allocate: str | None, asking: Sequence[bool]) -> set[str]:

@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from hami.core import migfit
-from hami.core.cluster import Cluster, NodeState, PodRecord
+from hami.core.cluster import Cluster, NodeState
+from hami.core.podrecord import PodRecord
 from hami.core.usage import DeviceState, Use
 
 

@@ -37,8 +37,9 @@ from typing import Any
 
 from hami import log
 from hami.config import SchedulerConfig
-from hami.core.cluster import Cluster, PodRecord
+from hami.core.cluster import Cluster
 from hami.core.fence import bind_refusal
+from hami.core.podrecord import PodRecord
 from hami.core.requests import PodRequest, RequestError
 from hami.kube.client import Kube
 from hami.kube.objects import annotations_of, metadata_of
@@ -156,7 +157,7 @@ class Binder:
             self.shadows.pop(key, None)
             return
         written, _ = self.cluster.pod_record(obj)
-        if written is not None and (written.node, written.usage) != (current.node, current.usage):
+        if written is not None and (written.node, written.held) != (current.node, current.held):
             self.shadows[key] = written
         else:
             self.shadows.pop(key, None)
@@ -356,7 +357,7 @@ class Binder:
             # not a newer version: the precondition that failed is another one (the uid)
             raise BindError(f"hami bind: creating the Binding of {key} failed: {conflict}")
         now, _ = self.cluster.pod_record(pod)
-        if now is None or (now.node, now.usage) != (record.node, record.usage):
+        if now is None or (now.node, now.held) != (record.node, record.held):
             raise BindError(f"hami bind: pod {key}'s decision was rewritten meanwhile")
         return version
 
@@ -545,13 +546,13 @@ class Binder:
     def _needs_lock(self, record: PodRecord) -> bool:
         """Whether the pod's bind takes the node lock: unless every device type it holds is
         one whose node plug-in never releases the lock (``DeviceKind.node_lock``)."""
-        words = set(record.types.values()) | set(record.assignment)
+        words = record.words
         kinds = self.cluster.kinds
         return not words or any(w not in kinds or kinds[w].node_lock for w in words)
 
     def _vendor_locks(self, record: PodRecord) -> list[str]:
         """The vendor locks Go HAMi takes for the types the pod holds, in Go's order."""
-        words = set(record.types.values()) | set(record.assignment)
+        words = record.words
         kinds = self.cluster.kinds
         return sorted({kinds[w].vendor_lock for w in words if w in kinds} - {""})
 

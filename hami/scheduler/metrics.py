@@ -39,7 +39,8 @@ from operator import itemgetter
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from hami import buildinfo
-from hami.core.cluster import Cluster, NodeState, PodRecord
+from hami.core.cluster import Cluster, NodeState
+from hami.core.podrecord import PodRecord
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -342,7 +343,7 @@ class ClusterText:
 
     def _update_pod(self, key: str) -> None:
         record = self.cluster.pods.get(key)
-        if record is None or not record.assignment:
+        if record is None or not record.values:
             self._keep(self.pods, key, None)
         else:
             self._keep(self.pods, key, render_pod(record))

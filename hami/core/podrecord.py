@@ -1,0 +1,96 @@
+"""What one pod holds, as the scheduler keeps it for every running pod.
+
+Pure. At 65,000 nodes the scheduler keeps half a million of these, so a record is laid out
+for memory (issue 20 item 2, docs/performance.md "Memory per pod"): the hold is one tuple
+of small tuples, and the per-container decision is kept as the annotation text it was
+read from, decoded only when asked for (metrics, the bind fence). The mappings callers
+read (``usage``, ``types``, ``assignment``) are built on demand from those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import MappingProxyType
+
+from hami.core import migfit
+from hami.core.usage import Use
+from hami.protocol import PodDevices, decode_pod_devices, encode_pod_devices
+
+# One device a pod holds: (uuid, device type word, slots, memory MiB, cores percent).
+Held = tuple[str, str, int, int, int]
+
+# PodRecord.whole and .mig of the records that hold nothing whole and no MIG placement
+# (nearly all): one shared empty mapping instead of one per record.
+NOTHING_WHOLE: Mapping[str, frozenset[str]] = MappingProxyType({})
+NOTHING_MIG: migfit.PodMig = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    key: str  # namespace/name
+    uid: str
+    node: str
+    # what it holds, per device, sorted by uuid (``held_of``): compared with == to ask
+    # "the same devices?", so the order must not depend on how the hold was built
+    held: tuple[Held, ...]
+    bound: bool = False
+    # Bookkeeping of an unbound decision's deadline, not part of what the pod holds (so
+    # excluded from ==, which callers use to ask "is this still the hold I saw?").
+    stamp: str | None = field(default=None, compare=False)  # hami.io/vgpu-time as written
+    since: datetime | None = field(default=None, compare=False)  # deadline start, None: next pass
+    reserved: bool = field(default=False, compare=False)  # made by reserve(), not yet written
+    # a reservation's start on the scheduler's monotonic clock (expire_reservations)
+    reserved_at: float = field(default=0.0, compare=False)
+    # the annotations bind writes for a reservation (protocol.md section 3), None when the
+    # decision is already on the pod
+    decision: Mapping[str, str | None] | None = field(default=None, compare=False)
+    # the pod's resourceVersion as filter saw it: bind writes the decision only on that
+    # version of the pod (or, after a conflict, on one still unbound)
+    pod_version: str | None = field(default=None, compare=False)
+    # (device type word, its device annotation value) per type the decision gives: the
+    # per-container devices (``assignment``) as text; every value here decodes
+    values: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    # device type -> ids held entirely because the type's value cannot be read and no
+    # readable one came before (empty, or not all registered on the node: every device of
+    # the type there). Fails closed: an unreadable value never frees room.
+    whole: Mapping[str, frozenset[str]] = field(default_factory=lambda: NOTHING_WHOLE)
+    # gpu uuid -> the MIG placements held there (hami.io/vgpu-mig-allocations; migfit)
+    mig: migfit.PodMig = field(default_factory=lambda: NOTHING_MIG)
+
+    @property
+    def usage(self) -> dict[str, Use]:
+        """uuid -> what the pod holds there."""
+        return {h[0]: Use(h[2], h[3], h[4]) for h in self.held}
+
+    @property
+    def types(self) -> dict[str, str]:
+        """uuid -> device type word: which quota resources the hold counts against."""
+        return {h[0]: h[1] for h in self.held}
+
+    @property
+    def words(self) -> set[str]:
+        """The device types the pod holds or was given."""
+        return {h[1] for h in self.held} | {word for word, _value in self.values}
+
+    @property
+    def assignment(self) -> dict[str, PodDevices]:
+        """Device type -> per annotation entry (container) devices: what the decision
+        gives each container (the per-container metrics, the bind fence)."""
+        return {word: decode_pod_devices(value) for word, value in self.values}
+
+
+def held_of(usage: Mapping[str, Use], types: Mapping[str, str]) -> tuple[Held, ...]:
+    """The record's hold from per-uuid uses and type words."""
+    return tuple(
+        sorted(
+            (uuid, types.get(uuid, ""), use.slots, use.memory, use.cores)
+            for uuid, use in usage.items()
+        )
+    )
+
+
+def values_of(assignment: Mapping[str, PodDevices]) -> tuple[tuple[str, str], ...]:
+    """A decision's per-container devices as the annotation text bind writes."""
+    return tuple((word, encode_pod_devices(per)) for word, per in assignment.items())
