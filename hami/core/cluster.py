@@ -15,6 +15,7 @@ order and stops after the first few that fit (see ``decide``).
 from __future__ import annotations
 
 import bisect
+import hashlib
 import sys
 from collections.abc import (
     Callable,
@@ -24,6 +25,7 @@ from collections.abc import (
     Iterator,
     Mapping,
     Sequence,
+    Set,
 )
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime, timedelta
@@ -32,7 +34,14 @@ from typing import Any
 from hami.core import defrag, migfit, nofit, topology
 from hami.core.defragpolicy import DEFRAG, DefragPolicy
 from hami.core.fit import BINPACK, NodeFit, NodeMiss, PairScores, TypeView, fit_pod
-from hami.core.podrecord import NOTHING_MIG, NOTHING_WHOLE, PodRecord, held_of, values_of
+from hami.core.podrecord import (
+    NOTHING_MIG,
+    NOTHING_WHOLE,
+    PodRecord,
+    Reservation,
+    held_of,
+    values_of,
+)
 from hami.core.quota import Quotas
 from hami.core.requests import (
     DeviceKind,
@@ -56,6 +65,8 @@ from hami.protocol.objects import annotations_of, metadata_of, pod_containers, p
 from hami.protocol.stamps import parse_unix_seconds
 
 FINISHED_PHASES = ("Succeeded", "Failed")
+# NodeState.whole_uuids of the nodes where no pod's decision is unreadable
+_NO_UUIDS: frozenset[str] = frozenset()
 DEFAULT_WINDOW = 4
 # A Reported value marks its agent as one that heartbeats for this many handshake timeouts
 # from its own time (120 s by default): longer than the timeout, so such an agent that goes
@@ -84,9 +95,10 @@ class TypeState:
     """One device type on one node."""
 
     kind: DeviceKind
-    # The register value, or (no register value) what the backend's devices_from_node read
-    # from the Node as text: the devices are read again only when it changes.
-    register_value: str | None = None
+    # A digest of the register value, or (no register value) of what the backend's
+    # devices_from_node read from the Node as text: the devices are read again only when
+    # it changes. A digest, not the text: ~500 bytes a node kept for one comparison.
+    register_digest: bytes | None = None
     # False: the devices were read from the Node by the backend (kubelet capacity), not
     # from a register value; no heartbeat is kept for them, as Go HAMi keeps none.
     heartbeat: bool = True
@@ -146,7 +158,8 @@ class NodeState:
     # Holds of pods whose decision cannot be read (PodRecord.whole): (type, named ids) ->
     # how many records hold it, and the uuids they make full (``_whole_uuids``).
     whole: dict[tuple[str, frozenset[str]], int] = field(default_factory=dict)
-    whole_uuids: set[str] = field(default_factory=set)
+    # (one shared empty set for the nodes with none: nearly all)
+    whole_uuids: Set[str] = field(default_factory=lambda: _NO_UUIDS)
     mig: dict[str, migfit.MigHold] = field(default_factory=dict)  # uuid -> MIG reservations
 
 
@@ -335,11 +348,12 @@ class Cluster:
                 state.score_value = score
                 state.pair_scores, state.score_error = topology.read_pair_scores(score)
                 devices_changed = True
-            if register != state.register_value:
-                state.register_value = register
+            digest = None if register is None else _digest(register)
+            if digest != state.register_digest:
+                state.register_digest = digest
                 state.heartbeat = read is None
                 state.reported_at = None  # a Reported seen before it no longer counts
-                error = self._load_register(node, state, read)
+                error = self._load_register(node, state, read if read is not None else register)
                 devices_changed = True
                 if error:
                     # The key goes with the error so the log names node, key and reason.
@@ -385,19 +399,20 @@ class Cluster:
         return self.defrag.costs(names, indexed, request, device_policy, pod_room)
 
     def _load_register(
-        self, node: NodeState, state: TypeState, read: _Read | None = None
+        self, node: NodeState, state: TypeState, read: _Read | str | None = None
     ) -> str | None:
+        """The type's devices from the backend's reading or the register value (text)."""
         for device in state.devices:
             node.devices.pop(device.uuid, None)
         state.devices = []
         state.error = None
-        if read is not None:
+        if isinstance(read, tuple):
             _source, devices, state.error = read
             state.devices = [_device_state(d) for d in devices]
             state.devices.sort(key=lambda d: d.index)
-        elif state.register_value is not None:
+        elif read is not None:
             try:
-                decoded = decode_node_devices(state.register_value)
+                decoded = decode_node_devices(read)
             except ProtocolError as exc:
                 state.error = str(exc)
             else:
@@ -428,7 +443,7 @@ class Cluster:
             node.types.clear()
             node.views.clear()
             node.devices.clear()
-            node.whole_uuids.clear()
+            node.whole_uuids = _NO_UUIDS
             node.resource_version = ""
             node.lock = None
         else:
@@ -492,7 +507,7 @@ class Cluster:
                 # protocol.md §2 "kubelet's word wins when it says no": the device plugin is
                 # gone (or every device unhealthy) well before the handshake times out.
                 available, reason = False, state.kubelet_reason
-            if available and state.register_value is None:
+            if available and state.register_digest is None:
                 available, reason = False, handshake.NODE_UNREGISTERED
             if available and state.error is not None:
                 available, reason = False, state.error
@@ -530,7 +545,7 @@ class Cluster:
         """protocol.md §2 over each heartbeat key of a type: available when any key says so
         (this project's key's reason first when none does); ``Requesting_`` goes to the keys
         found, or to every key of the type when none is there yet."""
-        has_register = state.register_value is not None
+        has_register = state.register_digest is not None
         found = state.handshakes or dict.fromkeys(state.kind.heartbeat_keys())
         decisions = [
             (
@@ -600,7 +615,7 @@ class Cluster:
     # ------------------------------------------------------------------ pods
 
     def pod_record(
-        self, obj: Mapping[str, Any], previous: PodRecord | None = None
+        self, obj: Mapping[str, Any], previous: PodRecord | None = None, key: str | None = None
     ) -> tuple[PodRecord | None, list[str]]:
         """What a pod holds according to its annotations, and any decode errors.
 
@@ -686,9 +701,10 @@ class Cluster:
         )
         if mig_error:
             errors.append(f"{keys.MIG_ALLOCATIONS}: {mig_error}")
-        stamp = annotations.get(keys.VGPU_TIME)
+        # only an unbound decision's deadline reads it: a bound pod keeps no copy
+        stamp = None if bound else annotations.get(keys.VGPU_TIME)
         record = PodRecord(
-            sys.intern(pod_key(obj)),  # the same string as the key of Cluster.pods
+            pod_key(obj) if key is None else key,  # upsert_pod's: the key of Cluster.pods
             uid,
             node,
             held_of(usage, types),
@@ -709,10 +725,13 @@ class Cluster:
         """
         if now is not None:
             self._clock = now
-        key = sys.intern(pod_key(obj))  # shared with the record's key (pod_record)
+        key = pod_key(obj)  # one string, the record's key too (not interned: half a
+        # million pods would each add an entry to the interpreter's table of interned strings)
         current = self.pods.get(key)
+        if current is not None:
+            key = current.key  # the string the record and Cluster.pods already hold
         last = current if current is not None and not current.reserved else self.lapsed.get(key)
-        record, errors = self.pod_record(obj, last)
+        record, errors = self.pod_record(obj, last, key)
         if current is not None and current.reserved and _keeps_reservation(obj, record, current):
             return errors
         if record is None or record.bound:
@@ -872,10 +891,7 @@ class Cluster:
             uid,
             node,
             held_of(fit.usage, fit_types(fit)),
-            reserved=True,
-            reserved_at=at,
-            decision=decision,
-            pod_version=pod_version,
+            reservation=Reservation(at, decision, pod_version),
             values=values_of(fit.assignment),
             mig=migfit.fit_mig(fit.mig) or NOTHING_MIG,
         )
@@ -1380,6 +1396,12 @@ def _whole_uuids(node: NodeState) -> set[str]:
         registered = {device.uuid for device in state.devices}
         held.update(named if named and named <= registered else registered)
     return held
+
+
+def _digest(text: str) -> bytes:
+    """A fingerprint of a register value: equal texts, equal digests; a collision of two
+    different values is as unlikely as one of 128-bit BLAKE2b."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def _device_state(device: NodeDevice) -> DeviceState:

@@ -17,6 +17,7 @@ from types import MappingProxyType
 from hami.core import migfit
 from hami.core.usage import Use
 from hami.protocol import PodDevices, decode_pod_devices, encode_pod_devices
+from hami.protocol._ints import shared_int
 
 # One device a pod holds: (uuid, device type word, slots, memory MiB, cores percent).
 Held = tuple[str, str, int, int, int]
@@ -25,6 +26,19 @@ Held = tuple[str, str, int, int, int]
 # (nearly all): one shared empty mapping instead of one per record.
 NOTHING_WHOLE: Mapping[str, frozenset[str]] = MappingProxyType({})
 NOTHING_MIG: migfit.PodMig = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """A filter's hold not yet written on its pod (``Cluster.reserve``)."""
+
+    at: float  # its start on the scheduler's monotonic clock (expire_reservations)
+    # the annotations bind writes (protocol.md section 3), None when the decision is
+    # already on the pod
+    decision: Mapping[str, str | None] | None = None
+    # the pod's resourceVersion as filter saw it: bind writes the decision only on that
+    # version of the pod (or, after a conflict, on one still unbound)
+    pod_version: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,18 +51,12 @@ class PodRecord:
     held: tuple[Held, ...]
     bound: bool = False
     # Bookkeeping of an unbound decision's deadline, not part of what the pod holds (so
-    # excluded from ==, which callers use to ask "is this still the hold I saw?").
+    # excluded from ==, which callers use to ask "is this still the hold I saw?"); a
+    # bound pod keeps neither.
     stamp: str | None = field(default=None, compare=False)  # hami.io/vgpu-time as written
     since: datetime | None = field(default=None, compare=False)  # deadline start, None: next pass
-    reserved: bool = field(default=False, compare=False)  # made by reserve(), not yet written
-    # a reservation's start on the scheduler's monotonic clock (expire_reservations)
-    reserved_at: float = field(default=0.0, compare=False)
-    # the annotations bind writes for a reservation (protocol.md section 3), None when the
-    # decision is already on the pod
-    decision: Mapping[str, str | None] | None = field(default=None, compare=False)
-    # the pod's resourceVersion as filter saw it: bind writes the decision only on that
-    # version of the pod (or, after a conflict, on one still unbound)
-    pod_version: str | None = field(default=None, compare=False)
+    # made by reserve(), not yet written on the pod; None for every other record
+    reservation: Reservation | None = field(default=None, compare=False)
     # (device type word, its device annotation value) per type the decision gives: the
     # per-container devices (``assignment``) as text; every value here decodes
     values: tuple[tuple[str, str], ...] = field(default=(), compare=False)
@@ -58,6 +66,22 @@ class PodRecord:
     whole: Mapping[str, frozenset[str]] = field(default_factory=lambda: NOTHING_WHOLE)
     # gpu uuid -> the MIG placements held there (hami.io/vgpu-mig-allocations; migfit)
     mig: migfit.PodMig = field(default_factory=lambda: NOTHING_MIG)
+
+    @property
+    def reserved(self) -> bool:
+        return self.reservation is not None
+
+    @property
+    def reserved_at(self) -> float:
+        return 0.0 if self.reservation is None else self.reservation.at
+
+    @property
+    def decision(self) -> Mapping[str, str | None] | None:
+        return None if self.reservation is None else self.reservation.decision
+
+    @property
+    def pod_version(self) -> str | None:
+        return None if self.reservation is None else self.reservation.pod_version
 
     @property
     def usage(self) -> dict[str, Use]:
@@ -85,7 +109,7 @@ def held_of(usage: Mapping[str, Use], types: Mapping[str, str]) -> tuple[Held, .
     """The record's hold from per-uuid uses and type words."""
     return tuple(
         sorted(
-            (uuid, types.get(uuid, ""), use.slots, use.memory, use.cores)
+            (uuid, types.get(uuid, ""), use.slots, shared_int(use.memory), use.cores)
             for uuid, use in usage.items()
         )
     )

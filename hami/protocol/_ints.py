@@ -15,6 +15,23 @@ UINT32_MAX = 2**32 - 1
 UINT64_MAX = 2**64 - 1
 
 
+# Amounts that repeat across many objects (device memory in MiB: one value per GPU model,
+# a few per pod size) share one int object each instead of 28 bytes per copy; CPython
+# only shares -5..256 itself. Bounded, so a writer of odd values cannot grow it.
+_SHARED: dict[int, int] = {}
+SHARED_MAX = 4096
+
+
+def shared_int(value: int) -> int:
+    """``value``, as the one object kept for that value when there is room for it."""
+    found = _SHARED.get(value)
+    if found is not None:
+        return found
+    if len(_SHARED) < SHARED_MAX:
+        _SHARED[value] = value
+    return value
+
+
 def parse_int32(text: str, *, what: str, field: str) -> int:
     """Parse like Go's ``strconv.ParseInt(text, 10, 32)``: optional sign, ASCII digits only."""
     return parse_int(text, what=what, field=field, bits=32)

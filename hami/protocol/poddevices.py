@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hami.protocol._ints import parse_int32
+from hami.protocol._ints import parse_int32, shared_int
 from hami.protocol.errors import ProtocolError
 
 _WHAT = "pod devices value"
@@ -68,7 +68,7 @@ def _decode_entry(entry: str) -> list[ContainerDevice]:
         if len(fields) < 4:
             raise ProtocolError(_WHAT, f"a device has {len(fields)} fields, expected 4", piece)
         uuid, vendor, memory_text, cores_text = fields[:4]
-        memory = parse_int32(memory_text, what=_WHAT, field="memory")
+        memory = shared_int(parse_int32(memory_text, what=_WHAT, field="memory"))
         cores = parse_int32(cores_text, what=_WHAT, field="cores")
         _check_range(memory, cores, piece)
         # Interned: every pod on a device holds its id (the register's, interned too), and

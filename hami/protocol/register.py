@@ -25,6 +25,7 @@ from hami.protocol._ints import (
     parse_go_bool,
     parse_int,
     parse_int32,
+    shared_int,
 )
 from hami.protocol.errors import ProtocolError
 from hami.protocol.mig import MigPlacement, MigProfile, encode_mig_profile
@@ -187,7 +188,7 @@ def _decode_segment(segment: str, *, position: int) -> NodeDevice:
     return NodeDevice(
         uuid=sys.intern(uuid),
         count=_non_negative(count, "count"),
-        memory=_non_negative(memory, "memory"),
+        memory=shared_int(_non_negative(memory, "memory")),
         cores=_non_negative(cores, "cores"),
         model=sys.intern(model),
         numa=parse_int(numa, what=_WHAT, field="numa", bits=64),
