@@ -139,7 +139,11 @@ def node_objects(scheduler: Scheduler) -> Iterator[dict[str, Any]]:
     """Every Node again with a new resourceVersion, made as its page is listed."""
     for name in list(scheduler.cluster.nodes):  # strings only: nothing for gc to track
         node = scheduler.cluster.nodes[name]
-        register = next(iter(node.types.values())).register_value
+        # the register value bench_filter.build wrote (the cluster keeps only a digest)
+        register = "".join(
+            f"{d.uuid},{d.count},{d.total_memory},{d.total_cores},{d.model},{d.numa},true:"
+            for d in next(iter(node.types.values())).devices
+        )
         yield {  # bench_filter.build's annotations, a new resourceVersion
             "metadata": {
                 "name": name,

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hami.core.cluster import Cluster
-from hami.core.podrecord import PodRecord, held_of, values_of
+from hami.core.podrecord import PodRecord, assignment_values, held_of
 from hami.core.usage import Use
 from hami.protocol import ContainerDevice, encode_pod_devices
 
@@ -52,7 +52,7 @@ devices = st.builds(
 def test_assignment_decodes_what_values_of_encoded(
     assignment: dict[str, list[list[ContainerDevice]]],
 ) -> None:
-    record = PodRecord("ns/p", "u", "n", (), values=values_of(assignment))
+    record = PodRecord("ns/p", "u", "n", (), values=assignment_values(assignment))
     assert record.assignment == {word: [list(c) for c in per] for word, per in assignment.items()}
     assert set(record.words) == set(assignment)
 
@@ -84,7 +84,7 @@ def test_a_pods_record_keeps_its_value_as_text_and_reads_it_back() -> None:
     )
     cluster.upsert_pod(_pod(value), NOW)
     record = cluster.pods["ns/p"]
-    assert record.values == (("nvidia", value),)
+    assert record.values == ("nvidia", value)
     assert record.assignment["nvidia"][1][1] == ContainerDevice("GPU-2", "NVIDIA", 7, 0)
     # both containers' shares of GPU-1 add up: two slots
     assert record.usage == {"GPU-1": Use(2, 1500, 15), "GPU-2": Use(1, 7, 0)}
@@ -98,5 +98,5 @@ def test_an_unreadable_value_keeps_the_last_readable_text() -> None:
     errors = cluster.upsert_pod(_pod("GPU-1,NVIDIA,notanumber,10:;"), NOW)
     assert errors
     record = cluster.pods["ns/p"]
-    assert record.values == (("nvidia", good),)
+    assert record.values == ("nvidia", good)
     assert record.usage == {"GPU-1": Use(1, 1000, 10)}

@@ -39,6 +39,7 @@ from hami.core.podrecord import (
     NOTHING_WHOLE,
     PodRecord,
     Reservation,
+    assignment_values,
     held_of,
     values_of,
 )
@@ -667,7 +668,7 @@ class Cluster:
                         usage.setdefault(uuid, Use()).add(use)
                         types[uuid] = word
                     if last is not None:
-                        for last_word, text in last.values:
+                        for last_word, text in last.value_pairs():
                             if last_word == word:
                                 assignment[word] = decode_pod_devices(text)
                                 values.append((word, text))
@@ -710,7 +711,7 @@ class Cluster:
             held_of(usage, types),
             bound,
             stamp,
-            values=tuple(values),
+            values=values_of(values),
             whole=whole or NOTHING_WHOLE,
             mig=mig or NOTHING_MIG,
         )
@@ -892,7 +893,7 @@ class Cluster:
             node,
             held_of(fit.usage, fit_types(fit)),
             reservation=Reservation(at, decision, pod_version),
-            values=values_of(fit.assignment),
+            values=assignment_values(fit.assignment),
             mig=migfit.fit_mig(fit.mig) or NOTHING_MIG,
         )
         self._set_record(key, record)
@@ -1344,7 +1345,7 @@ def _kept_hold(last: PodRecord | None, word: str) -> dict[str, Use]:
     """What ``last`` held of type ``word`` (from a readable value), per uuid."""
     if last is None:
         return {}
-    return {h[0]: Use(h[2], h[3], h[4]) for h in last.held if h[1] == word}
+    return {h[0]: Use(h[2], h[3], h[4]) for h in last.holds() if h[1] == word}
 
 
 def _named_devices(bad: str, to_allocate: str | None, asking: Sequence[bool]) -> set[str]:

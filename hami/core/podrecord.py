@@ -9,10 +9,11 @@ read (``usage``, ``types``, ``assignment``) are built on demand from those.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
+from typing import cast
 
 from hami.core import migfit
 from hami.core.usage import Use
@@ -21,6 +22,7 @@ from hami.protocol._ints import shared_int
 
 # One device a pod holds: (uuid, device type word, slots, memory MiB, cores percent).
 Held = tuple[str, str, int, int, int]
+HELD_FIELDS = 5
 
 # PodRecord.whole and .mig of the records that hold nothing whole and no MIG placement
 # (nearly all): one shared empty mapping instead of one per record.
@@ -46,9 +48,10 @@ class PodRecord:
     key: str  # namespace/name
     uid: str
     node: str
-    # what it holds, per device, sorted by uuid (``held_of``): compared with == to ask
-    # "the same devices?", so the order must not depend on how the hold was built
-    held: tuple[Held, ...]
+    # what it holds: the ``Held`` fields of each device one after another, devices sorted
+    # by uuid (``held_of``; one flat tuple, not one per device: ~50 bytes a pod); compared
+    # with == to ask "the same devices?", so the order must not depend on how it was built
+    held: tuple[str | int, ...]
     bound: bool = False
     # Bookkeeping of an unbound decision's deadline, not part of what the pod holds (so
     # excluded from ==, which callers use to ask "is this still the hold I saw?"); a
@@ -57,9 +60,10 @@ class PodRecord:
     since: datetime | None = field(default=None, compare=False)  # deadline start, None: next pass
     # made by reserve(), not yet written on the pod; None for every other record
     reservation: Reservation | None = field(default=None, compare=False)
-    # (device type word, its device annotation value) per type the decision gives: the
-    # per-container devices (``assignment``) as text; every value here decodes
-    values: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    # device type word, its device annotation value, ... per type the decision gives
+    # (flat, ``value_pairs`` reads it): the per-container devices (``assignment``) as
+    # text; every value here decodes
+    values: tuple[str, ...] = field(default=(), compare=False)
     # device type -> ids held entirely because the type's value cannot be read and no
     # readable one came before (empty, or not all registered on the node: every device of
     # the type there). Fails closed: an unreadable value never frees room.
@@ -83,38 +87,54 @@ class PodRecord:
     def pod_version(self) -> str | None:
         return None if self.reservation is None else self.reservation.pod_version
 
+    def holds(self) -> Iterator[Held]:
+        """Each device it holds."""
+        held = self.held
+        for i in range(0, len(held), HELD_FIELDS):
+            yield cast(Held, held[i : i + HELD_FIELDS])
+
+    def value_pairs(self) -> Iterator[tuple[str, str]]:
+        """(device type word, device annotation value) per type the decision gives."""
+        values = self.values
+        for i in range(0, len(values), 2):
+            yield values[i], values[i + 1]
+
     @property
     def usage(self) -> dict[str, Use]:
         """uuid -> what the pod holds there."""
-        return {h[0]: Use(h[2], h[3], h[4]) for h in self.held}
+        return {h[0]: Use(h[2], h[3], h[4]) for h in self.holds()}
 
     @property
     def types(self) -> dict[str, str]:
         """uuid -> device type word: which quota resources the hold counts against."""
-        return {h[0]: h[1] for h in self.held}
+        return {h[0]: h[1] for h in self.holds()}
 
     @property
     def words(self) -> set[str]:
         """The device types the pod holds or was given."""
-        return {h[1] for h in self.held} | {word for word, _value in self.values}
+        return {h[1] for h in self.holds()} | set(self.values[::2])
 
     @property
     def assignment(self) -> dict[str, PodDevices]:
         """Device type -> per annotation entry (container) devices: what the decision
         gives each container (the per-container metrics, the bind fence)."""
-        return {word: decode_pod_devices(value) for word, value in self.values}
+        return {word: decode_pod_devices(value) for word, value in self.value_pairs()}
 
 
-def held_of(usage: Mapping[str, Use], types: Mapping[str, str]) -> tuple[Held, ...]:
-    """The record's hold from per-uuid uses and type words."""
-    return tuple(
-        sorted(
-            (uuid, types.get(uuid, ""), use.slots, shared_int(use.memory), use.cores)
-            for uuid, use in usage.items()
-        )
+def held_of(usage: Mapping[str, Use], types: Mapping[str, str]) -> tuple[str | int, ...]:
+    """The record's hold (``PodRecord.held``) from per-uuid uses and type words."""
+    devices = sorted(
+        (uuid, types.get(uuid, ""), use.slots, shared_int(use.memory), use.cores)
+        for uuid, use in usage.items()
     )
+    return tuple(part for device in devices for part in device)
 
 
-def values_of(assignment: Mapping[str, PodDevices]) -> tuple[tuple[str, str], ...]:
+def values_of(pairs: Iterable[tuple[str, str]]) -> tuple[str, ...]:
+    """``PodRecord.values`` from (device type word, annotation value) pairs."""
+    return tuple(part for pair in pairs for part in pair)
+
+
+def assignment_values(assignment: Mapping[str, PodDevices]) -> tuple[str, ...]:
     """A decision's per-container devices as the annotation text bind writes."""
-    return tuple((word, encode_pod_devices(per)) for word, per in assignment.items())
+    return values_of((word, encode_pod_devices(per)) for word, per in assignment.items())
