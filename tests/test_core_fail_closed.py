@@ -243,3 +243,19 @@ def test_the_bind_fence_refuses_a_device_held_whole_since_filter() -> None:
     c.upsert_pod(holding("bad", "junk"))  # shows up between filter and bind
     reason = bind_refusal(c, "default/p", mine)
     assert reason is not None and "held whole" in reason
+
+
+def test_a_whole_hold_on_one_node_is_that_nodes_alone() -> None:
+    """Nodes share one empty mapping of whole holds until they have one (memory at
+    65,000 nodes): a hold on one must not show up on another."""
+    c = cluster()
+    a100s(c)
+    c.upsert_node(node("b", register(["GPU-b0"], memory=A100, count=10)), NOW)
+    c.refresh(NOW)
+    c.upsert_pod(holding("bad", "GPU-a0,NVIDIA,oops,0:;"))
+    assert c.nodes["a"].whole and "GPU-a0" in c.nodes["a"].whole_uuids
+    assert not c.nodes["b"].whole and not c.nodes["b"].whole_uuids
+    decision = c.decide(request(1000))
+    assert decision.node == "b"
+    c.delete_pod("default/bad")
+    assert not c.nodes["a"].whole and not c.nodes["a"].whole_uuids

@@ -29,7 +29,8 @@ from collections.abc import (
 )
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from types import MappingProxyType
+from typing import Any, TypeVar
 
 from hami.core import defrag, migfit, nofit, topology
 from hami.core.defragpolicy import DEFRAG, DefragPolicy
@@ -68,6 +69,10 @@ from hami.protocol.stamps import parse_unix_seconds
 FINISHED_PHASES = ("Succeeded", "Failed")
 # NodeState.whole_uuids of the nodes where no pod's decision is unreadable
 _NO_UUIDS: frozenset[str] = frozenset()
+# The empty mapping every NodeState and TypeState shares until it has entries (``_own``).
+_EMPTY: Mapping[Any, Any] = MappingProxyType({})
+K = TypeVar("K")
+V = TypeVar("V")
 DEFAULT_WINDOW = 4
 # A Reported value marks its agent as one that heartbeats for this many handshake timeouts
 # from its own time (120 s by default): longer than the timeout, so such an agent that goes
@@ -112,9 +117,11 @@ class TypeState:
     # The newest heartbeat since the register value changed: a Reported value's own time,
     # never later than when it was first seen (``_note_reported``); None: none.
     reported_at: datetime | None = None
-    reported_seen: dict[str, str] = field(default_factory=dict)  # key -> Reported value judged
+    # key -> Reported value judged (this and the next: ``_EMPTY`` until there is one)
+    reported_seen: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     score_value: str | None = None  # hami.io/node-{type}-score as last seen
-    pair_scores: PairScores = field(default_factory=dict)  # read from it ({}: none, unread)
+    # read from it ({}: none, unread)
+    pair_scores: PairScores = field(default_factory=lambda: _EMPTY)
     score_error: str | None = None  # why score_value does not read
     offers: frozenset[str] | None = None  # the kind's node_offers as last read; None: no rule
     available: bool = False
@@ -158,10 +165,13 @@ class NodeState:
     order_key: float | None = None  # the utilisation it is indexed under, None: not indexed
     # Holds of pods whose decision cannot be read (PodRecord.whole): (type, named ids) ->
     # how many records hold it, and the uuids they make full (``_whole_uuids``).
-    whole: dict[tuple[str, frozenset[str]], int] = field(default_factory=dict)
+    # Shared empty mappings until a node has one (``_own``): nearly no node ever does, and
+    # an empty dict per node is 64 bytes x 65,000.
+    whole: Mapping[tuple[str, frozenset[str]], int] = field(default_factory=lambda: _EMPTY)
     # (one shared empty set for the nodes with none: nearly all)
     whole_uuids: Set[str] = field(default_factory=lambda: _NO_UUIDS)
-    mig: dict[str, migfit.MigHold] = field(default_factory=dict)  # uuid -> MIG reservations
+    # uuid -> MIG reservations
+    mig: Mapping[str, migfit.MigHold] = field(default_factory=lambda: _EMPTY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -847,12 +857,13 @@ class Cluster:
             if device is not None:
                 device.set_use(total, whole=uuid in node.whole_uuids)
         if record.whole:
+            whole = node.whole = _own(node.whole)
             for claim in record.whole.items():
-                count = node.whole.get(claim, 0) + sign
+                count = whole.get(claim, 0) + sign
                 if count > 0:
-                    node.whole[claim] = count
+                    whole[claim] = count
                 else:
-                    node.whole.pop(claim, None)
+                    whole.pop(claim, None)
             held = _whole_uuids(node)
             for uuid in held ^ node.whole_uuids:
                 device = node.devices.get(uuid)
@@ -860,6 +871,7 @@ class Cluster:
                     device.set_use(node.usage.get(uuid), whole=uuid in held)
             node.whole_uuids = held
         if record.mig:
+            node.mig = _own(node.mig)
             migfit.apply_hold(node.mig, record.mig, usage, sign, node.devices)
         if not node.exists and not node.usage and not node.whole and not node.mig:
             self._unindex(node)
@@ -1399,6 +1411,11 @@ def _whole_uuids(node: NodeState) -> set[str]:
     return held
 
 
+def _own(mapping: Mapping[K, V]) -> dict[K, V]:
+    """``mapping`` to change in place: a dict of its own in place of the shared ``_EMPTY``."""
+    return mapping if isinstance(mapping, dict) else dict(mapping)
+
+
 def _digest(text: str) -> bytes:
     """A fingerprint of a register value: equal texts, equal digests; a collision of two
     different values is as unlikely as one of 128-bit BLAKE2b."""
@@ -1430,6 +1447,7 @@ def _note_reported(state: TypeState, shakes: Mapping[str, str], now: datetime) -
             continue
         if state.reported_seen.get(key) == value:
             continue
+        state.reported_seen = _own(state.reported_seen)
         state.reported_seen[key] = value
         stamp = handshake.reported_time(value)
         at = _utc(now) if stamp is None or stamp > _utc(now) else stamp

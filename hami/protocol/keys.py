@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 
 PREFIX = "hami.io/"
 
@@ -41,6 +42,7 @@ def node_handshake(type_word: str) -> str:
 NVIDIA_HANDSHAKE = "hami.io/node-handshake"
 
 
+@functools.lru_cache(maxsize=64)  # one tuple per type: each node's heartbeat map shares its keys
 def handshake_keys(type_word: str) -> tuple[str, ...]:
     """Every key a type's heartbeat is written to and read from, this project's first."""
     if type_word == "nvidia":
