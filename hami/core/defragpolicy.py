@@ -104,6 +104,10 @@ class DefragPolicy:
         # (a Deployment's replicas ask the same again and again)
         self._quick: dict[Hashable, dict[str, _Cost]] = {}
         self._quick_size = 0
+        # models with free cores -> (weight, the models each window shape takes), for
+        # ``pressure``; per window generation
+        self._accepted: dict[tuple[str, ...], list[tuple[float, tuple[str, ...]]]] = {}
+        self._accepted_generation = -1
 
     def forget(self, node: str) -> None:
         """``node`` changed: its key is worked out again when next needed."""
@@ -193,9 +197,20 @@ class DefragPolicy:
         total = sum(free.values())
         if not total:
             return {}
+        present = tuple(free)
+        if self._accepted_generation != self.shapes.generation:
+            self._accepted.clear()
+            self._accepted_generation = self.shapes.generation
+        accepted = self._accepted.get(present)
+        if accepted is None:
+            # which of these models each shape takes: fixed for the window's weights, and
+            # ~0.1 ms of type selector checks per decision when worked out every time
+            accepted = self._accepted[present] = [
+                (weight, tuple(m for m in present if shape.type_ok(m)))
+                for shape, weight in self.shapes.weights
+            ]
         load = dict.fromkeys(free, 0.0)
-        for shape, weight in self.shapes.weights:
-            models = [m for m in free if shape.type_ok(m)]
+        for weight, models in accepted:
             supply = sum(free[m] for m in models)
             for m in models:
                 load[m] += weight / supply
