@@ -52,7 +52,13 @@ devices = st.builds(
 def test_assignment_decodes_what_values_of_encoded(
     assignment: dict[str, list[list[ContainerDevice]]],
 ) -> None:
-    record = PodRecord("ns/p", "u", "n", (), values=assignment_values(assignment))
+    usage = {
+        d.uuid: Use(1, d.memory, d.cores) for per in assignment.values() for c in per for d in c
+    }
+    types = {d.uuid: w for w, per in assignment.items() for c in per for d in c}
+    held = held_of(usage, types)  # one type: values is the text alone; two: word, text pairs
+    record = PodRecord("ns/p", "u", "n", held, values=assignment_values(assignment, held))
+    assert isinstance(record.values, str) == (len(set(types.values())) == 1 == len(assignment))
     assert record.assignment == {word: [list(c) for c in per] for word, per in assignment.items()}
     assert set(record.words) == set(assignment)
 
@@ -84,7 +90,8 @@ def test_a_pods_record_keeps_its_value_as_text_and_reads_it_back() -> None:
     )
     cluster.upsert_pod(_pod(value), NOW)
     record = cluster.pods["ns/p"]
-    assert record.values == ("nvidia", value)
+    assert record.values == value  # one type: the text alone
+    assert list(record.value_pairs()) == [("nvidia", value)]
     assert record.assignment["nvidia"][1][1] == ContainerDevice("GPU-2", "NVIDIA", 7, 0)
     # both containers' shares of GPU-1 add up: two slots
     assert record.usage == {"GPU-1": Use(2, 1500, 15), "GPU-2": Use(1, 7, 0)}
@@ -98,5 +105,5 @@ def test_an_unreadable_value_keeps_the_last_readable_text() -> None:
     errors = cluster.upsert_pod(_pod("GPU-1,NVIDIA,notanumber,10:;"), NOW)
     assert errors
     record = cluster.pods["ns/p"]
-    assert record.values == ("nvidia", good)
+    assert list(record.value_pairs()) == [("nvidia", good)]
     assert record.usage == {"GPU-1": Use(1, 1000, 10)}

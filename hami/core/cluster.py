@@ -682,7 +682,7 @@ class Cluster:
                             if last_word == word:
                                 assignment[word] = decode_pod_devices(text)
                                 values.append((word, text))
-                    held = f"what its last readable value held ({', '.join(sorted(kept))})"
+                    counted = f"what its last readable value held ({', '.join(sorted(kept))})"
                 else:
                     named = _named_devices(
                         value,
@@ -690,12 +690,12 @@ class Cluster:
                         requesting(specs, kind.resources),
                     )
                     whole[word] = frozenset(named)
-                    held = _whole_text(named, word, node)
+                    counted = _whole_text(named, word, node)
                 until = "until the pod is deleted or its value is fixed"
                 if not bound:
                     until += " (an unbound decision: at most until scheduler.decision_timeout)"
                 errors.append(
-                    f"{kind.allocated_key}: {exc}; counted as holding {held} {until}; {_FIX}"
+                    f"{kind.allocated_key}: {exc}; counted as holding {counted} {until}; {_FIX}"
                 )
                 continue
             # Go HAMi's values may lack the entries of containers without this type.
@@ -714,14 +714,15 @@ class Cluster:
             errors.append(f"{keys.MIG_ALLOCATIONS}: {mig_error}")
         # only an unbound decision's deadline reads it: a bound pod keeps no copy
         stamp = None if bound else annotations.get(keys.VGPU_TIME)
+        held = held_of(usage, types)
         record = PodRecord(
             pod_key(obj) if key is None else key,  # upsert_pod's: the key of Cluster.pods
             uid,
             node,
-            held_of(usage, types),
+            held,
             bound,
             stamp,
-            values=values_of(values),
+            values=values_of(values, held),
             whole=whole or NOTHING_WHOLE,
             mig=mig or NOTHING_MIG,
         )
@@ -899,13 +900,14 @@ class Cluster:
         show that decision, they do not undo the hold (``upsert_pod``).
         """
         previous = self.pods.get(key)
+        held = held_of(fit.usage, fit_types(fit))
         record = PodRecord(
             key,
             uid,
             node,
-            held_of(fit.usage, fit_types(fit)),
+            held,
             reservation=Reservation(at, decision, pod_version),
-            values=assignment_values(fit.assignment),
+            values=assignment_values(fit.assignment, held),
             mig=migfit.fit_mig(fit.mig) or NOTHING_MIG,
         )
         self._set_record(key, record)

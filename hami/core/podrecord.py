@@ -61,9 +61,10 @@ class PodRecord:
     # made by reserve(), not yet written on the pod; None for every other record
     reservation: Reservation | None = field(default=None, compare=False)
     # device type word, its device annotation value, ... per type the decision gives
-    # (flat, ``value_pairs`` reads it): the per-container devices (``assignment``) as
-    # text; every value here decodes
-    values: tuple[str, ...] = field(default=(), compare=False)
+    # (flat; ``value_pairs`` reads it), or only the value where it is the one type of
+    # every device held (nearly every pod: no tuple at all): the per-container devices
+    # (``assignment``) as text; every value here decodes
+    values: str | tuple[str, ...] = field(default=(), compare=False)
     # device type -> ids held entirely because the type's value cannot be read and no
     # readable one came before (empty, or not all registered on the node: every device of
     # the type there). Fails closed: an unreadable value never frees room.
@@ -96,6 +97,9 @@ class PodRecord:
     def value_pairs(self) -> Iterator[tuple[str, str]]:
         """(device type word, device annotation value) per type the decision gives."""
         values = self.values
+        if isinstance(values, str):
+            yield cast(str, self.held[1]), values
+            return
         for i in range(0, len(values), 2):
             yield values[i], values[i + 1]
 
@@ -112,7 +116,7 @@ class PodRecord:
     @property
     def words(self) -> set[str]:
         """The device types the pod holds or was given."""
-        return {h[1] for h in self.holds()} | set(self.values[::2])
+        return {h[1] for h in self.holds()} | {word for word, _value in self.value_pairs()}
 
     @property
     def assignment(self) -> dict[str, PodDevices]:
@@ -130,11 +134,20 @@ def held_of(usage: Mapping[str, Use], types: Mapping[str, str]) -> tuple[str | i
     return tuple(part for device in devices for part in device)
 
 
-def values_of(pairs: Iterable[tuple[str, str]]) -> tuple[str, ...]:
-    """``PodRecord.values`` from (device type word, annotation value) pairs."""
-    return tuple(part for pair in pairs for part in pair)
+def values_of(
+    pairs: Iterable[tuple[str, str]], held: tuple[str | int, ...]
+) -> str | tuple[str, ...]:
+    """``PodRecord.values`` from (device type word, annotation value) pairs, for a record
+    holding ``held``."""
+    flat = tuple(part for pair in pairs for part in pair)
+    if len(flat) == 2 and held and all(word == flat[0] for word in held[1::HELD_FIELDS]):
+        return flat[1]
+    return flat
 
 
-def assignment_values(assignment: Mapping[str, PodDevices]) -> tuple[str, ...]:
+def assignment_values(
+    assignment: Mapping[str, PodDevices], held: tuple[str | int, ...]
+) -> str | tuple[str, ...]:
     """A decision's per-container devices as the annotation text bind writes."""
-    return values_of((word, encode_pod_devices(per)) for word, per in assignment.items())
+    pairs = ((word, encode_pod_devices(per)) for word, per in assignment.items())
+    return values_of(pairs, held)
