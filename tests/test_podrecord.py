@@ -58,7 +58,8 @@ def test_assignment_decodes_what_values_of_encoded(
     types = {d.uuid: w for w, per in assignment.items() for c in per for d in c}
     held = held_of(usage, types)  # one type: values is the text alone; two: word, text pairs
     record = PodRecord("ns/p", "u", "n", held, values=assignment_values(assignment, held))
-    assert isinstance(record.values, str) == (len(set(types.values())) == 1 == len(assignment))
+    if len(assignment) == 2 and len(set(types.values())) == 2:
+        assert isinstance(record.values, tuple) and len(record.values) == 4
     assert record.assignment == {word: [list(c) for c in per] for word, per in assignment.items()}
     assert set(record.words) == set(assignment)
 
@@ -107,3 +108,25 @@ def test_an_unreadable_value_keeps_the_last_readable_text() -> None:
     record = cluster.pods["ns/p"]
     assert list(record.value_pairs()) == [("nvidia", good)]
     assert record.usage == {"GPU-1": Use(1, 1000, 10)}
+
+
+def test_records_of_one_share_of_one_device_share_one_values_object() -> None:
+    cluster = Cluster([NVIDIA])
+    for name, uuid in (("p", "GPU-1"), ("q", "GPU-2")):
+        pod = _pod(f"{uuid},NVIDIA,1000,10:;")
+        pod["metadata"]["name"] = name  # type: ignore[index]
+        cluster.upsert_pod(pod, NOW)
+    p, q = cluster.pods["ns/p"], cluster.pods["ns/q"]
+    assert p.values is q.values  # nothing per pod: rebuilt from the hold when read
+    assert list(p.value_pairs()) == [("nvidia", "GPU-1,NVIDIA,1000,10:;")]
+    assert list(q.value_pairs()) == [("nvidia", "GPU-2,NVIDIA,1000,10:;")]
+    assert q.assignment == {"nvidia": [[ContainerDevice("GPU-2", "NVIDIA", 1000, 10)]]}
+
+
+def test_a_value_that_is_not_exactly_the_canonical_one_is_kept_as_text() -> None:
+    cluster = Cluster([NVIDIA])
+    value = "GPU-1,NVIDIA,1000,10:;;"  # a second, empty entry: not rebuilt from the hold
+    cluster.upsert_pod(_pod(value), NOW)
+    record = cluster.pods["ns/p"]
+    assert record.values == value
+    assert list(record.value_pairs()) == [("nvidia", value)]

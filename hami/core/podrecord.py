@@ -9,6 +9,7 @@ read (``usage``, ``types``, ``assignment``) are built on demand from those.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -60,10 +61,13 @@ class PodRecord:
     since: datetime | None = field(default=None, compare=False)  # deadline start, None: next pass
     # made by reserve(), not yet written on the pod; None for every other record
     reservation: Reservation | None = field(default=None, compare=False)
-    # device type word, its device annotation value, ... per type the decision gives
-    # (flat; ``value_pairs`` reads it), or only the value where it is the one type of
-    # every device held (nearly every pod: no tuple at all): the per-container devices
-    # (``assignment``) as text; every value here decodes
+    # The per-container devices (``assignment``) as the annotation text they were read
+    # from, in one of three forms (``value_pairs`` reads them all; every value decodes):
+    # - (vendor,), one tuple shared by every such record: the value is exactly the one
+    #   device held, one share, in one entry ("uuid,vendor,MiB,cores:;": most pods),
+    #   rebuilt from ``held`` when read;
+    # - the value alone, where it is of the one type of every device held;
+    # - device type word, value, ... per type the decision gives.
     values: str | tuple[str, ...] = field(default=(), compare=False)
     # device type -> ids held entirely because the type's value cannot be read and no
     # readable one came before (empty, or not all registered on the node: every device of
@@ -99,6 +103,9 @@ class PodRecord:
         values = self.values
         if isinstance(values, str):
             yield cast(str, self.held[1]), values
+            return
+        if len(values) == 1:
+            yield cast(str, self.held[1]), _one_share(self.held, values[0])
             return
         for i in range(0, len(values), 2):
             yield values[i], values[i + 1]
@@ -141,8 +148,28 @@ def values_of(
     holding ``held``."""
     flat = tuple(part for pair in pairs for part in pair)
     if len(flat) == 2 and held and all(word == flat[0] for word in held[1::HELD_FIELDS]):
-        return flat[1]
+        text = flat[1]
+        if len(held) == HELD_FIELDS and held[2] == 1 and text.count(",") == 3:
+            vendor = text.split(",")[1]
+            if _one_share(held, vendor) == text:
+                shared = _VENDOR_ONLY.get(vendor)
+                if shared is None and len(_VENDOR_ONLY) < MAX_VENDORS:
+                    shared = _VENDOR_ONLY[vendor] = (sys.intern(vendor),)
+                if shared is not None:
+                    return shared
+        return text
     return flat
+
+
+# vendor -> the (vendor,) every record of one share of one device shares (bounded: the
+# vendor word is annotation text, and a writer could vary it)
+_VENDOR_ONLY: dict[str, tuple[str]] = {}
+MAX_VENDORS = 64
+
+
+def _one_share(held: tuple[str | int, ...], vendor: str) -> str:
+    """The annotation value of one share of the one device ``held`` names."""
+    return f"{held[0]},{vendor},{held[3]},{held[4]}:;"
 
 
 def assignment_values(
