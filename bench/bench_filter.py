@@ -35,6 +35,7 @@ import random
 import statistics
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -64,14 +65,22 @@ def rss_mib() -> float:
     return 0.0
 
 
-def build(scheduler: Scheduler, nodes: int, seed: int) -> int:
-    """Nodes with register annotations, and running pods on about half of the devices."""
+def build(scheduler: Scheduler, nodes: int, seed: int, *, real_ids: bool = False) -> int:
+    """Nodes with register annotations, and running pods on about half of the devices.
+
+    ``real_ids``: device ids, pod names and uids as long as a cluster's (GPU-8-4-4-4-12
+    hex, a Deployment's pod name, a UUID uid) instead of short counters; the same
+    placements either way (the ids come from a second random stream)."""
     rng = random.Random(seed)
+    ids = random.Random(seed + 1)
     pods = 0
     for n in range(nodes):
         name = f"node-{n:05d}"
         model, memory = MODELS[n % 2]
-        uuids = [f"GPU-{n:05d}-{d}" for d in range(DEVICES)]
+        uuids = [
+            f"GPU-{uuid.UUID(int=ids.getrandbits(128))}" if real_ids else f"GPU-{n:05d}-{d}"
+            for d in range(DEVICES)
+        ]
         value = "".join(
             f"{u},{SPLIT},{memory},100,{model},{d // 4},true:" for d, u in enumerate(uuids)
         )
@@ -106,9 +115,17 @@ def build(scheduler: Scheduler, nodes: int, seed: int) -> int:
                     "ADDED",
                     {
                         "metadata": {
-                            "name": f"run-{pods}",
+                            "name": (
+                                f"train-{ids.getrandbits(40):010x}-{ids.getrandbits(20):05x}"
+                                if real_ids
+                                else f"run-{pods}"
+                            ),
                             "namespace": "bench",
-                            "uid": f"uid-{pods}",
+                            "uid": (
+                                str(uuid.UUID(int=ids.getrandbits(128)))
+                                if real_ids
+                                else f"uid-{pods}"
+                            ),
                             "annotations": {
                                 "hami.io/vgpu-node": name,
                                 "hami.io/vgpu-devices-allocated": encode_pod_devices(entry),

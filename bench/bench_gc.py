@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_gc.py --nodes 65000                  # as the role runs
     .venv/bin/python bench/bench_gc.py --nodes 65000 --no-tune        # CPython's defaults
     .venv/bin/python bench/bench_gc.py --nodes 15000 65000 --calls 300
+    .venv/bin/python bench/bench_gc.py --nodes 65000 --real-ids      # cluster-length ids
 
 One process per cluster (``bench_filter.build``'s: N nodes x 8 devices, about half in
 use). Every collection is timed through ``gc.callbacks`` (``perf_counter`` at its start
@@ -210,7 +211,7 @@ def measure(nodes: int, args: argparse.Namespace) -> None:
         scheduler.on_node = freezer.wrap(scheduler.on_node)  # type: ignore[method-assign,assignment]
         scheduler.on_pod = freezer.wrap(scheduler.on_pod)  # type: ignore[method-assign,assignment]
     began = time.perf_counter()
-    pods = build(scheduler, nodes, args.seed)
+    pods = build(scheduler, nodes, args.seed, real_ids=args.real_ids)
     built = time.perf_counter() - began
     if args.page_freeze:
         del scheduler.on_node, scheduler.on_pod
@@ -224,7 +225,8 @@ def measure(nodes: int, args: argparse.Namespace) -> None:
     print(
         f"== {nodes} nodes x 8 devices, {args.policy}, {'tuned' if args.tune else 'defaults'},"
         f" relist {'held' if args.held else 'paged'},"
-        f" {'page freezes' if args.page_freeze else 'no page freeze'}"
+        f" {'page freezes' if args.page_freeze else 'no page freeze'},"
+        f" {'real-length' if args.real_ids else 'short'} ids"
         f" (threshold {gc.get_threshold()}): {pods} running pods, built in {built:.0f}s"
         f"{settled}, load {os.getloadavg()[0]:.2f}",
         flush=True,
@@ -279,6 +281,11 @@ def main() -> None:
     parser.add_argument(
         "--no-page-freeze", dest="page_freeze", action="store_false", help="no freeze per page"
     )
+    parser.add_argument(
+        "--real-ids",
+        action="store_true",
+        help="device ids, pod names and uids as long as a real cluster's (bench_filter.build)",
+    )
     args = parser.parse_args()
     log.configure("warning", "console", stream=sys.stderr)
     if len(args.nodes) > 1:  # one process per cluster
@@ -286,6 +293,7 @@ def main() -> None:
             command = [sys.executable, __file__, "--nodes", str(nodes), "--calls", str(args.calls)]
             command += ["--policy", args.policy, "--seed", str(args.seed)]
             command += [] if args.tune else ["--no-tune"]
+            command += ["--real-ids"] if args.real_ids else []
             command += (["--held"] if args.held else []) + (
                 [] if args.page_freeze else ["--no-page-freeze"]
             )
