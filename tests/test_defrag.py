@@ -515,3 +515,40 @@ def test_one_record_per_node_gives_the_cost_for_pods_of_every_size() -> None:
                 assert cost == pytest.approx(plain[name], abs=1e-9), (size, name)
     # one record per node served all of those sizes
     assert any(len(kept) == 9 for kept in cluster.defrag._records.values())
+
+
+def test_nodes_passed_over_could_not_have_won() -> None:
+    """A decision passes over a node whose least cost (a pod of no CPU and memory there,
+    with the pressure term) is above the best found so far. Nodes from tight to roomy,
+    of two models, pods of every size: the node chosen always has the least cost of all
+    (``weigh``, which passes over none), so no node that would have won was passed over."""
+    cluster = cluster_with(*((f"n{i}", 2) for i in range(8)), ("solo", 1))
+    for i in range(4):  # the other model: the pressure term differs between them
+        uuids = [f"t{i}-g{j}" for j in range(2)]
+        cluster.upsert_node(node(f"t{i}", register(uuids, model="NVIDIA-A100", memory=40960)), NOW)
+    for i in range(8):
+        cluster.set_node_room(f"n{i}", 2000 << i, 4096 << i)
+    for i in range(4):
+        cluster.set_node_room(f"t{i}", 3000 << (2 * i), 6144 << (2 * i))
+    cluster.set_node_room("solo", 5000, 10240)
+    for cores, e in itertools.product((20, 50), range(7)):
+        shape = defrag.Shape(
+            "nvidia", 1, cores, 0, cores, ("a100",) if e % 3 else (), (), 500 * e, 1024 * e
+        )
+        cluster.defrag.shapes.observe(shape)
+    cluster.defrag.shapes.force_reweigh()
+    assert place(cluster, share("first", 30), (1000, 2048)) is not None
+    request = parse_pod(share("p", 20), [NVIDIA])
+    assert request is not None
+    sizes = list(itertools.product(range(0, 3001, 250), range(0, 6145, 512)))
+    for order in (sizes, sizes[::-1]):
+        for size in order:
+            decision = cluster.decide(request, None, pod_room=size)
+            costs = cluster.weigh(request, None, size, observe=False)
+            if not costs:
+                assert decision.node is None, size
+                continue
+            assert decision.node is not None, size
+            assert costs[decision.node] == pytest.approx(min(costs.values()), abs=1e-9), size
+    # the bound did pass nodes over (else this test shows nothing)
+    assert cluster.defrag.passed_over > 0

@@ -68,8 +68,17 @@ _Entry = tuple[int, defrag.NodeKey, int, int, tuple[int, int] | None, float]
 # starve now (0 where unknown), -utilisation, the answer when the pod leaves every
 # shape's pod room; then the largest pod CPU and memory for which the pod also starves
 # no core, and the cost for such a pod). With it a node's cost for a pod of any CPU and
-# memory is a few operations (``_scan``), and for most pods a look-up.
-_Record = tuple[int, float, float, int, float, float, _Answer, float, float, float]
+# memory is a few operations (``_scan``), and for most pods a look-up. Last, the least
+# cost any pod can have there but the pressure term (the cost of a pod of no CPU and
+# memory: less room never lowers the fragment, and the pod's CPU and memory only starve
+# more), and the device model the pressure term charges on it (None: more than one model
+# on the node): a node whose least cost is above the best found so far is passed over.
+_Record = tuple[
+    int, float, float, int, float, float, _Answer, float, float, float, float, str | None
+]
+# A node is passed over only when its least cost is above the best by more than this
+# (the two are worked out by different arithmetic; costs are core percent, ~1-1000).
+_PRUNE_MARGIN = 1e-6
 _UNKNOWN_ROOM = float("inf")
 # A node's cost for a pod but the pressure term (None: no fit), the device key to take,
 # the model the pressure term charges, -utilisation.
@@ -104,6 +113,7 @@ class DefragPolicy:
         # (a Deployment's replicas ask the same again and again)
         self._quick: dict[Hashable, dict[str, _Cost]] = {}
         self._quick_size = 0
+        self.passed_over = 0  # nodes a decision passed over by their least cost (a count)
         # models with free cores -> (weight, the models each window shape takes), for
         # ``pressure``; per window generation
         self._accepted: dict[tuple[str, ...], list[tuple[float, tuple[str, ...]]]] = {}
@@ -371,6 +381,11 @@ class DefragPolicy:
             if PRESSURE_WEIGHT
             else {}
         )
+        # the least pressure term on a node of more than one model
+        press_floor = min(0.0, *press.values()) if press else 0.0
+        # passing over nodes that cannot beat the best needs every cost to be at least
+        # the record's least one: not with ``every`` (each node's cost is asked for)
+        prune = every is None and cpu >= 0 and memory >= 0
         best: _Ranked | None = None
         best_cost = float("inf")
         looked = 0
@@ -395,6 +410,15 @@ class DefragPolicy:
                 elif cpu <= record[7] and memory <= record[8]:
                     # the pod leaves every shape's pod room and starves nothing
                     known = (record[9], answer[1], answer[2], record[5])
+                elif (
+                    prune
+                    and record[10]
+                    + (press_floor if record[11] is None else press.get(record[11], 0.0))
+                    > best_cost + _PRUNE_MARGIN
+                ):
+                    looked += 1  # its cost is above the best's whatever it is exactly
+                    self.passed_over += 1
+                    continue
                 else:
                     number, free_cpu, free_memory, left, starved_before, neg_util = record[:6]
                     cpu_left = free_cpu - cpu
@@ -468,7 +492,7 @@ class DefragPolicy:
         entry = self._keys.get(node.name)
         if entry is None or entry[0] != self.shapes.generation:
             entry = self._node_entry(node)
-        _generation, _key, number, free, room, starved_before = entry
+        _generation, key, number, free, room, starved_before = entry
         shapes = self.shapes
         memo = number << 16 | len(shapes.cpu_steps) << 8 | len(shapes.memory_steps)
         answer = answers.get(memo, _MISSING)
@@ -493,12 +517,21 @@ class DefragPolicy:
             cpu_need = max(cpu_need, left * shapes.cpu_per_core + 1)
         if STARVED_WEIGHT and shapes.memory_per_core > 0:
             memory_need = max(memory_need, left * shapes.memory_per_core + 1)
-        roomy = 0.0
+        roomy = least = 0.0
         if answer is not None:
-            roomy = answer[0]
+            roomy = least = answer[0]
             if STARVED_WEIGHT:
                 fed = float(left) if left > 0 else 0.0
                 roomy += STARVED_WEIGHT * (left - fed - starved_before)
+                # a pod of no CPU and memory: what the node's room feeds now
+                usable = float(left)
+                if room is not None and shapes.cpu_per_core > 0:
+                    usable = min(usable, free_cpu / shapes.cpu_per_core)
+                if room is not None and shapes.memory_per_core > 0:
+                    usable = min(usable, free_memory / shapes.memory_per_core)
+                least += STARVED_WEIGHT * (left - max(0.0, usable) - starved_before)
+        models = {device[0] for device in key[0]}
+        model = next(iter(models)) if len(models) == 1 else None
         return (
             number,
             free_cpu,
@@ -510,6 +543,8 @@ class DefragPolicy:
             free_cpu - cpu_need,
             free_memory - memory_need,
             roomy,
+            least,
+            model,
         )
 
     def _answer_for(
