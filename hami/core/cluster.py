@@ -375,6 +375,12 @@ class Cluster:
             self._node_changed(node)
         return errors, changes
 
+    def group_summaries(self) -> None:
+        """Group the nodes changed since the last grouping by summary, as the first no-fit
+        answer would (every node after a start: ~0.35 s at 65,000 nodes); the scheduler
+        role calls it once the initial lists are in, so no request pays for it."""
+        self.summaries.sync(self.nodes)
+
     def set_node_room(self, name: str, free_cpu_milli: int, free_memory_mib: int) -> None:
         """The node's CPU and memory not requested by its pods (what the ``defrag``
         policy weighs besides devices; unknown nodes count as having room)."""

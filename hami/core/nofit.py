@@ -338,6 +338,10 @@ class Summaries:
     def changed(self, name: str) -> None:
         self._dirty.add(name)
 
+    def pending(self) -> int:
+        """Nodes changed since the last ``sync``."""
+        return len(self._dirty)
+
     def sync(self, nodes: Mapping[str, NodeSummary]) -> None:
         """Regroup the nodes changed since the last call."""
         for name in self._dirty:

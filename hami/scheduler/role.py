@@ -24,6 +24,7 @@ import dataclasses
 import gc
 import ipaddress
 import signal
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any
@@ -401,12 +402,22 @@ async def _mark_synced(reflector: Reflector, event: asyncio.Event) -> None:
 
 
 async def _settle_heap(sched: Scheduler) -> None:
-    """Once both initial lists are in, freeze what they built (``heap.settle``): the
-    collector then never walks the cluster state again (2.3 s passes at 65,000 nodes)."""
+    """Once both initial lists are in, group the nodes by summary (what the first no-fit
+    answer would do: 0.35 s at 65,000 nodes, paid here rather than by a request) and
+    freeze what they built (``heap.settle``): the collector then never walks the cluster
+    state again (2.3 s passes at 65,000 nodes)."""
     await sched.nodes_synced.wait()
     await sched.pods_synced.wait()
+    began = time.monotonic()
+    sched.cluster.group_summaries()
+    grouped = time.monotonic() - began
     heap.settle()
-    _log.info("heap settled", frozen=gc.get_freeze_count(), threshold=gc.get_threshold())
+    _log.info(
+        "heap settled",
+        frozen=gc.get_freeze_count(),
+        threshold=gc.get_threshold(),
+        nodes_grouped_in_s=round(grouped, 3),
+    )
 
 
 async def _watch_tls(tls: ReloadingTLS | ClientCertTLS | None) -> None:
