@@ -29,6 +29,7 @@ from collections.abc import (
 )
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime, timedelta
+from operator import attrgetter
 from types import MappingProxyType
 from typing import Any, TypeVar
 
@@ -1342,12 +1343,13 @@ _FIX = (
 )
 
 
-_RECORD_FIELDS = tuple(f.name for f in fields(PodRecord))
+# every field of a record, bookkeeping included, as one tuple
+_RECORD_FIELDS = attrgetter(*(f.name for f in fields(PodRecord)))
 
 
 def _identical(a: PodRecord, b: PodRecord) -> bool:
     """Every field equal, bookkeeping included: either record will do."""
-    return all(getattr(a, name) == getattr(b, name) for name in _RECORD_FIELDS)
+    return bool(_RECORD_FIELDS(a) == _RECORD_FIELDS(b))
 
 
 def _same_decision(previous: PodRecord | None, node: str, uid: str) -> bool:

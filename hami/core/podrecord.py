@@ -134,6 +134,9 @@ class PodRecord:
 
 def held_of(usage: Mapping[str, Use], types: Mapping[str, str]) -> tuple[str | int, ...]:
     """The record's hold (``PodRecord.held``) from per-uuid uses and type words."""
+    if len(usage) == 1:  # most pods: no sorting, no flattening
+        for uuid, use in usage.items():
+            return (uuid, types.get(uuid, ""), use.slots, shared_int(use.memory), use.cores)
     devices = sorted(
         (uuid, types.get(uuid, ""), use.slots, shared_int(use.memory), use.cores)
         for uuid, use in usage.items()
@@ -146,8 +149,9 @@ def values_of(
 ) -> str | tuple[str, ...]:
     """``PodRecord.values`` from (device type word, annotation value) pairs, for a record
     holding ``held``."""
-    flat = tuple(part for pair in pairs for part in pair)
-    if len(flat) == 2 and held and all(word == flat[0] for word in held[1::HELD_FIELDS]):
+    pairs = list(pairs)
+    flat = pairs[0] if len(pairs) == 1 else tuple(part for pair in pairs for part in pair)
+    if len(flat) == 2 and held and set(held[1::HELD_FIELDS]) == {flat[0]}:
         text = flat[1]
         if len(held) == HELD_FIELDS and held[2] == 1 and text.count(",") == 3:
             vendor = text.split(",")[1]
