@@ -187,6 +187,11 @@ class SchedulerConfig:
     # on backends with mode: dra; needs list/watch on resourceslices, resourceclaims and
     # resourceclaimtemplates, and kube-scheduler's extender entry with prioritizeVerb.
     dra_score: bool = False
+    # Which per-device and per-container gauges /metrics carries (comma list; "" for
+    # none): hami (hami_device_*, hami_node_available), go (Go HAMi's hami_gpu_*,
+    # hami_node_gpu_*), pods (Go HAMi's per-container hami_vgpu_*). Each is kept as text
+    # per node or pod: at 65,000 nodes all three are over 1 GB of text and of body.
+    cluster_metrics: str = "hami,go,pods"
     http: HttpConfig = HttpConfig(port=9395)  # /healthz, /readyz, /metrics
     extender: ExtenderConfig = ExtenderConfig()
     webhook: WebhookConfig = WebhookConfig()
@@ -348,6 +353,24 @@ def _check_device_policy(value: str) -> None:
         )
 
 
+CLUSTER_METRICS = ("hami", "go", "pods")
+
+
+def cluster_metric_groups(value: str) -> frozenset[str]:
+    """The words of ``scheduler.cluster_metrics`` ("" and "none": no group)."""
+    words = {word.strip() for word in value.split(",")} - {"", "none"}
+    return frozenset(words)
+
+
+def _check_cluster_metrics(value: str) -> None:
+    unknown = sorted(cluster_metric_groups(value) - set(CLUSTER_METRICS))
+    if unknown:
+        raise ConfigError(
+            "config key scheduler.cluster_metrics: expected a comma list of "
+            f"{', '.join(CLUSTER_METRICS)} (or none), got {value!r}"
+        )
+
+
 def _check(config: Config) -> None:
     for key, choices in _CHOICES.items():
         section, name = key.split(".")
@@ -357,6 +380,7 @@ def _check(config: Config) -> None:
                 f"config key {key}: expected one of {', '.join(choices)}, got {value!r}"
             )
     _check_device_policy(config.scheduler.device_policy)
+    _check_cluster_metrics(config.scheduler.cluster_metrics)
     if config.scheduler.defrag_cpu_pods and config.scheduler.node_policy != "defrag":
         raise ConfigError(
             "config key scheduler.defrag_cpu_pods: needs scheduler.node_policy: defrag "

@@ -106,3 +106,11 @@ def test_reference_config_backend_sections_are_accepted_by_their_backends() -> N
     for name, section in shipped.backends.items():
         backend = registry.create(name, section.settings(name))
         assert backend.settings.split_count == section.split_count
+
+
+def test_scheduler_cluster_metrics_names_its_groups() -> None:
+    cfg = config.from_mapping({"scheduler": {"cluster_metrics": "go, pods"}}, env={})
+    assert config.cluster_metric_groups(cfg.scheduler.cluster_metrics) == {"go", "pods"}
+    assert config.cluster_metric_groups("none") == frozenset()
+    with pytest.raises(config.ConfigError, match=r"scheduler\.cluster_metrics.*hami, go, pods"):
+        config.from_mapping({"scheduler": {"cluster_metrics": "hami,gpus"}}, env={})

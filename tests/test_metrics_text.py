@@ -304,3 +304,70 @@ def test_too_many_changes_between_scrapes_render_everything_again(
     assert m.cluster_text.nodes["b"] is not kept_b  # rendered again: a full pass
     assert len(found["hami_vgpu_memory_allocated_bytes"]) == 3
     assert value(found, "hami_gpu_memory_allocated_bytes", device_uuid="GPU-a0") == 300 * MIB
+
+
+def _pod_on_a(c: Cluster) -> None:
+    c.upsert_pod(running("p", "a", [[ContainerDevice("GPU-a0", "NVIDIA", 3000, 30)]]), NOW)
+
+
+@pytest.mark.parametrize(
+    ("groups", "present", "absent"),
+    [
+        (
+            {"go"},
+            {"hami_gpu_memory_allocated_bytes", "hami_node_gpu_overview"},
+            {
+                "hami_device_memory_allocated_mib",
+                "hami_node_available",
+                "hami_vgpu_memory_allocated_bytes",
+            },
+        ),
+        (
+            {"hami", "pods"},
+            {
+                "hami_device_memory_allocated_mib",
+                "hami_node_available",
+                "hami_vgpu_core_allocated_ratio",
+            },
+            {"hami_gpu_shared_count", "hami_node_gpu_overview"},
+        ),
+        (
+            set(),
+            {"hami_pods_holding_devices"},
+            {
+                "hami_device_memory_allocated_mib",
+                "hami_gpu_shared_count",
+                "hami_vgpu_memory_allocated_bytes",
+            },
+        ),
+    ],
+)
+def test_scheduler_cluster_metrics_chooses_the_gauge_families(
+    groups: set[str], present: set[str], absent: set[str]
+) -> None:
+    """scheduler.cluster_metrics: a family left out has no lines and no HELP/TYPE, and
+    what is kept reads the same as with every family."""
+    clusters = []
+    for _ in range(2):  # one each: a cluster reports its changes to one reader
+        c = cluster()
+        two_nodes(c)
+        _pod_on_a(c)
+        clusters.append(c)
+    every = samples(SchedulerMetrics(clusters[0]).render())
+    text = SchedulerMetrics(clusters[1], groups).render()
+    found = samples(text)
+    for name in present:
+        assert found.get(name) == every[name], name
+    for name in absent:
+        assert name not in found, name
+        assert f"# HELP {name} ".encode() not in text, name
+
+
+async def test_a_gzip_scrape_with_only_go_families_parses() -> None:
+    c = cluster()
+    two_nodes(c)
+    _pod_on_a(c)
+    body, _pieces, _turns = await scrape(SchedulerMetrics(c, {"go"}), gzipped=True)
+    names = {f.name for f in text_string_to_metric_families(body.decode())}
+    assert "hami_gpu_memory_limit_bytes" in names
+    assert not names & {"hami_device_memory_total_mib", "hami_vgpu_memory_allocated_bytes"}

@@ -30,7 +30,7 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import islice
@@ -91,6 +91,13 @@ POD_FAMILIES = (
     _Family("hami_vgpu_memory_allocated_bytes", "vGPU memory allocated from a container"),
     _Family("hami_vgpu_core_allocated_ratio", "vGPU core allocated from a container"),
 )
+# The groups scheduler.cluster_metrics chooses from, and each family's.
+ALL_GROUPS = frozenset({"hami", "go", "pods"})
+GROUP_OF = {
+    **{family.name: "hami" for family in NODE_FAMILIES[:8]},
+    **{family.name: "go" for family in NODE_FAMILIES[8:]},
+    **{family.name: "pods" for family in POD_FAMILIES},
+}
 
 
 def _esc(value: str) -> str:
@@ -209,6 +216,9 @@ class _Snapshot:
     version: int
     nodes: dict[str, tuple[bytes, ...]]
     pods: dict[str, tuple[bytes, ...]]
+    # the families the kept tuples hold, in their order
+    node_families: tuple[_Family, ...] = ()
+    pod_families: tuple[_Family, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +238,10 @@ class _Built:
 def _join(snapshot: _Snapshot) -> Iterator[bytes]:
     """The families' text, family by family, in pieces of ``SLICE_ITEMS`` nodes or pods:
     each join is C code that keeps the GIL, so a short one lets the loop's thread in."""
-    for families, kept in ((NODE_FAMILIES, snapshot.nodes), (POD_FAMILIES, snapshot.pods)):
+    for families, kept in (
+        (snapshot.node_families, snapshot.nodes),
+        (snapshot.pod_families, snapshot.pods),
+    ):
         for position, family in enumerate(families):
             yield family.header()
             line = itemgetter(position)
@@ -295,10 +308,16 @@ def _drop(bodies: list[_Built]) -> None:
 
 
 class ClusterText:
-    """The cluster gauges as exposition text, kept per node and per pod."""
+    """The cluster gauges as exposition text, kept per node and per pod; only the
+    families of ``groups`` (``GROUPS``: scheduler.cluster_metrics) are kept."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, groups: Collection[str] = ALL_GROUPS) -> None:
         self.cluster = cluster
+        self.node_positions = tuple(
+            i for i, family in enumerate(NODE_FAMILIES) if GROUP_OF[family.name] in groups
+        )
+        self.node_families = tuple(NODE_FAMILIES[i] for i in self.node_positions)
+        self.pod_families = POD_FAMILIES if "pods" in groups else ()
         self.nodes: dict[str, tuple[bytes, ...]] = {}
         self.pods: dict[str, tuple[bytes, ...]] = {}
         # Bumped whenever the kept text changes: a built body of the same version is
@@ -336,14 +355,15 @@ class ClusterText:
 
     def _update_node(self, name: str) -> None:
         node = self.cluster.nodes.get(name)
-        if node is None or not node.types:
+        if node is None or not node.types or not self.node_positions:
             self._keep(self.nodes, name, None)
         else:
-            self._keep(self.nodes, name, render_node(node))
+            lines = render_node(node)
+            self._keep(self.nodes, name, tuple(lines[i] for i in self.node_positions))
 
     def _update_pod(self, key: str) -> None:
         record = self.cluster.pods.get(key)
-        if record is None or not record.values:
+        if record is None or not record.values or not self.pod_families:
             self._keep(self.pods, key, None)
         else:
             self._keep(self.pods, key, render_pod(record))
@@ -379,7 +399,7 @@ class ClusterText:
 
     def snapshot(self) -> _Snapshot:
         """The kept text as it is now, for the worker thread (see ``_Snapshot``)."""
-        return _Snapshot(self.version, self.nodes, self.pods)
+        return _Snapshot(self.version, self.nodes, self.pods, self.node_families, self.pod_families)
 
     def built(self) -> _Built:
         """The families' text at the current version (built here if not kept)."""
@@ -453,9 +473,9 @@ class ClusterText:
 
 
 class SchedulerMetrics:
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, groups: Collection[str] = ALL_GROUPS) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.cluster_text = ClusterText(cluster)
+        self.cluster_text = ClusterText(cluster, groups)
         # False: leave the cluster gauges out (a replica that does not lead).
         self.cluster_gauges = True
         # Go HAMi's scheduler registers it beside its cluster collector (no zone label).

@@ -22,7 +22,7 @@ from datetime import timedelta
 from typing import Any
 
 from hami import log
-from hami.config import SchedulerConfig
+from hami.config import SchedulerConfig, cluster_metric_groups
 from hami.core import nofit
 from hami.core.cluster import Candidates, Cluster, Decision
 from hami.core.defragpolicy import DEFRAG
@@ -100,7 +100,9 @@ class Scheduler:
         )
         # Free CPU and memory per node, from the watches: only the defrag policy weighs them.
         self.rooms = RoomLedger() if settings.node_policy == DEFRAG else None
-        self.metrics = SchedulerMetrics(self.cluster)
+        self.metrics = SchedulerMetrics(
+            self.cluster, cluster_metric_groups(settings.cluster_metrics)
+        )
         self.lock_rules = LockRules(
             timeout=timedelta(seconds=settings.node_lock_timeout.seconds),
             allocation_timeout=timedelta(seconds=settings.allocation_timeout.seconds),
