@@ -1036,3 +1036,14 @@ async def test_extra_decision_writers_may_write_decisions_others_still_may_not(
                 await kube.request("DELETE", object_path(doc))
         with contextlib.suppress(KubeError):
             await kube.request("DELETE", pod_path)
+
+
+def test_cluster_metrics_value_reaches_the_scheduler_config() -> None:
+    hami_cfg, _ = configs(render())
+    assert hami_cfg.scheduler.cluster_metrics == "hami,go,pods"
+    hami_cfg, _ = configs(render("--set", "scheduler.clusterMetrics=go"))
+    assert config.cluster_metric_groups(hami_cfg.scheduler.cluster_metrics) == {"go"}
+    refused = helm(
+        "template", "hami", str(CHART), "--set", "scheduler.clusterMetrics=gpus", check=False
+    )
+    assert refused.returncode != 0 and "clusterMetrics" in refused.stderr

@@ -136,6 +136,7 @@ imagePullSecrets:
     "node_lock_timeout" $v.scheduler.nodeLockExpire
     "node_policy" $policy.nodeSchedulerPolicy
     "device_policy" $policy.gpuSchedulerPolicy
+    "cluster_metrics" (toString $v.scheduler.clusterMetrics)
     "http" (dict
       "address" (default "0.0.0.0" (trimSuffix (printf ":%s" $metricsPort) (toString $v.scheduler.metricsBindAddress)))
       "port" (atoi $metricsPort))
