@@ -57,7 +57,10 @@ def _over_capacity(
     cluster: Cluster, node: NodeState, key: str, record: PodRecord, shadows: Iterable[PodRecord]
 ) -> str | None:
     own = cluster.pods.get(key)
+    # ``usage`` is built from a record's compact hold on each read: read each once
+    own_usage = own.usage if own is not None and own.node == node.name else {}
     extra = [s for s in shadows if s.node == node.name and s.key != key]
+    extra_usage = [s.usage for s in extra]
     for uuid, mine in sorted(record.usage.items()):
         device = node.devices.get(uuid)
         if device is None:
@@ -72,12 +75,12 @@ def _over_capacity(
             )
         total = Use()
         total.add(node.usage.get(uuid, Use()))
-        if own is not None and own.node == node.name and uuid in own.usage:
-            total.add(own.usage[uuid], -1)  # this pod's hold as the cluster has it
+        if uuid in own_usage:
+            total.add(own_usage[uuid], -1)  # this pod's hold as the cluster has it
         others = Use(total.slots, total.memory, total.cores)
-        for shadow in extra:
-            if uuid in shadow.usage:
-                others.add(shadow.usage[uuid])
+        for shadow in extra_usage:
+            if uuid in shadow:
+                others.add(shadow[uuid])
         total = Use(others.slots, others.memory, others.cores)
         total.add(mine)
         if total.slots > device.count:
