@@ -111,8 +111,9 @@ def _num(value: float) -> str:
     return repr(float(value))
 
 
-def render_node(node: NodeState) -> tuple[bytes, ...]:
-    """One node's lines of each of ``NODE_FAMILIES``."""
+def render_node(node: NodeState, own: bool = True, go: bool = True) -> tuple[bytes, ...]:
+    """One node's lines of each of ``NODE_FAMILIES``; with ``own`` or ``go`` False, that
+    name set's families are left empty instead of rendered (scheduler.cluster_metrics)."""
     lines: list[list[str]]
     (
         own_mem,
@@ -134,37 +135,45 @@ def render_node(node: NodeState) -> tuple[bytes, ...]:
     node_name = _esc(node.name)
     for word, state in node.types.items():
         type_word = _esc(word)
-        available.append(
-            f'hami_node_available{{node="{node_name}",type="{type_word}"}} '
-            f"{1.0 if state.available else 0.0}\n"
-        )
+        if own:
+            available.append(
+                f'hami_node_available{{node="{node_name}",type="{type_word}"}} '
+                f"{1.0 if state.available else 0.0}\n"
+            )
         for d in state.devices:
             model, uuid = _esc(d.model), _esc(d.uuid)
-            own = f'{{model="{model}",node="{node_name}",type="{type_word}",uuid="{uuid}"}} '
-            own_mem.append(f"hami_device_memory_allocated_mib{own}{_num(d.used_memory)}\n")
-            own_mem_total.append(f"hami_device_memory_total_mib{own}{_num(d.total_memory)}\n")
-            own_cores.append(f"hami_device_cores_allocated_percent{own}{_num(d.used_cores)}\n")
-            own_cores_total.append(f"hami_device_cores_total_percent{own}{_num(d.total_cores)}\n")
-            own_slots.append(f"hami_device_slots_allocated{own}{_num(d.used)}\n")
-            own_slots_total.append(f"hami_device_slots_total{own}{_num(d.count)}\n")
-            own_healthy.append(f"hami_device_healthy{own}{1.0 if d.healthy else 0.0}\n")
+            if own:
+                mine = f'{{model="{model}",node="{node_name}",type="{type_word}",uuid="{uuid}"}} '
+                own_mem.append(f"hami_device_memory_allocated_mib{mine}{_num(d.used_memory)}\n")
+                own_mem_total.append(f"hami_device_memory_total_mib{mine}{_num(d.total_memory)}\n")
+                own_cores.append(f"hami_device_cores_allocated_percent{mine}{_num(d.used_cores)}\n")
+                own_cores_total.append(
+                    f"hami_device_cores_total_percent{mine}{_num(d.total_cores)}\n"
+                )
+                own_slots.append(f"hami_device_slots_allocated{mine}{_num(d.used)}\n")
+                own_slots_total.append(f"hami_device_slots_total{mine}{_num(d.count)}\n")
+                own_healthy.append(f"hami_device_healthy{mine}{1.0 if d.healthy else 0.0}\n")
+            if not go:
+                continue
             # Go HAMi's labels: device_type is the register's type (the model word).
             tail = f'device_type="{model}",device_uuid="{uuid}",node="{node_name}",zone="{ZONE}"}} '
-            go = f'{{device_index="{d.index}",{tail}'
+            theirs = f'{{device_index="{d.index}",{tail}'
             cores = f'{{device_cores="{d.total_cores}",device_index="{d.index}",'
             used_bytes = _num(d.used_memory * MIB)
-            go_mem_limit.append(f"hami_gpu_memory_limit_bytes{go}{_num(d.total_memory * MIB)}\n")
-            go_core_limit.append(f"hami_gpu_core_limit_ratio{go}{_num(d.total_cores)}\n")
+            go_mem_limit.append(
+                f"hami_gpu_memory_limit_bytes{theirs}{_num(d.total_memory * MIB)}\n"
+            )
+            go_core_limit.append(f"hami_gpu_core_limit_ratio{theirs}{_num(d.total_cores)}\n")
             go_mem.append(f"hami_gpu_memory_allocated_bytes{cores}{tail}{used_bytes}\n")
-            go_shared.append(f"hami_gpu_shared_count{go}{_num(d.used)}\n")
-            go_cores.append(f"hami_gpu_core_allocated_ratio{go}{_num(d.used_cores)}\n")
+            go_shared.append(f"hami_gpu_shared_count{theirs}{_num(d.used)}\n")
+            go_cores.append(f"hami_gpu_core_allocated_ratio{theirs}{_num(d.used_cores)}\n")
             go_overview.append(
                 f'hami_node_gpu_overview{cores}device_memory_limit="{d.total_memory}",'
                 f"{tail}{used_bytes}\n"
             )
             if d.total_memory > 0:
                 go_mem_ratio.append(
-                    f"hami_node_gpu_memory_allocated_ratio{go}"
+                    f"hami_node_gpu_memory_allocated_ratio{theirs}"
                     f"{_num(d.used_memory / d.total_memory)}\n"
                 )
     return tuple("".join(family).encode() for family in lines)
@@ -318,6 +327,7 @@ class ClusterText:
         )
         self.node_families = tuple(NODE_FAMILIES[i] for i in self.node_positions)
         self.pod_families = POD_FAMILIES if "pods" in groups else ()
+        self.groups = frozenset(groups)
         self.nodes: dict[str, tuple[bytes, ...]] = {}
         self.pods: dict[str, tuple[bytes, ...]] = {}
         # Bumped whenever the kept text changes: a built body of the same version is
@@ -358,7 +368,7 @@ class ClusterText:
         if node is None or not node.types or not self.node_positions:
             self._keep(self.nodes, name, None)
         else:
-            lines = render_node(node)
+            lines = render_node(node, "hami" in self.groups, "go" in self.groups)
             self._keep(self.nodes, name, tuple(lines[i] for i in self.node_positions))
 
     def _update_pod(self, key: str) -> None:
