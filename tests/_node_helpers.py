@@ -21,7 +21,7 @@ from grpclib.server import Server, Stream
 from hami._proto.v1beta1 import api_grpc, api_pb2
 from hami.backends.base import Backend, BackendSettings
 from hami.backends.fake import FakeBackend
-from hami.config import Config
+from hami.config import Config, from_mapping
 from hami.kube.client import node_path, pod_path
 from hami.kube.raw import JSON, NotFound, RetryPolicy, Unreachable
 from hami.node import NodeAgent
@@ -240,6 +240,34 @@ async def running_agent(
     finally:
         await agent.stop()
         await task
+
+
+@contextlib.asynccontextmanager
+async def kubelet_agent(
+    kube: Any, kubelet: Any, node: str, word: str, backend: Backend
+) -> AsyncIterator[NodeAgent]:
+    """A node agent on a real API server serving ``backend`` (as backend ``word``, the
+    only one enabled) to the kubelet emulator ``kubelet`` of ``node``, ready; stopped
+    after. The caller waits for the resources it needs (``kubelet.wait_for_resource``)."""
+    backends = {"nvidia": {"enabled": word == "nvidia"}, word: {"enabled": True}}
+    agent = NodeAgent(
+        from_mapping({"backends": backends}, env={}),
+        node_name=node,
+        kube=kube,
+        backends={word: backend},
+        register_period=1,
+        device_plugin_dir=str(kubelet.plugin_dir),
+        serve_http=False,
+        kubelet_poll=0.2,
+    )
+    task = asyncio.create_task(agent.run())
+    try:
+        await agent.wait_ready()
+        yield agent
+    finally:
+        await agent.stop()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def write_fake_node_config(

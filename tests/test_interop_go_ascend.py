@@ -32,12 +32,11 @@ import pytest
 from _ascend_helpers import b3_node, fake_npu_smi
 from _gohami import go_scheduler_binary, go_version, skip_reason
 from _gohami_vendor import GoScheduler
+from _node_helpers import kubelet_agent
 
-from hami import config
 from hami.backends import BackendSettings
 from hami.backends.ascend import BACKENDS
 from hami.kube.client import Kube
-from hami.node import NodeAgent
 from hami.protocol import decode_pod_devices, keys
 from hami.testkit.cluster import SCHEDULER_NAME
 from hami.testkit.controlplane import ControlPlane
@@ -122,31 +121,12 @@ async def wait_phase(kube: Kube, namespace: str, name: str, timeout: float = 90)
 
 @contextlib.asynccontextmanager
 async def ascend_agent(kube: Kube, kubelet: Any, node: str, tmp: Path) -> AsyncIterator[Any]:
-    cfg = config.from_mapping(
-        {"backends": {"nvidia": {"enabled": False}, WORD: {"enabled": True}}}, env={}
-    )
     chips = b3_node(4, seed=0x3D)
     script, dev = fake_npu_smi(tmp, chips)
     backend = BACKENDS[WORD](BackendSettings(options={"npu_smi": str(script), "dev_dir": str(dev)}))
-    agent = NodeAgent(
-        cfg,
-        node_name=node,
-        kube=kube,
-        backends={WORD: backend},
-        register_period=1,
-        device_plugin_dir=str(kubelet.plugin_dir),
-        serve_http=False,
-        kubelet_poll=0.2,
-    )
-    task = asyncio.create_task(agent.run())
-    try:
-        await agent.wait_ready()
+    async with kubelet_agent(kube, kubelet, node, WORD, backend):
         await kubelet.wait_for_resource(f"huawei.com/{WORD}", healthy=4 * 4)
         yield chips
-    finally:
-        await agent.stop()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def test_go_places_ascend_pods_on_this_agent(

@@ -35,11 +35,10 @@ from _cambricon_helpers import X4_0, X4_1, fake_cnmon
 from _cambricon_helpers import backend as mlu_backend
 from _gohami import go_scheduler_binary, go_version, skip_reason
 from _gohami_vendor import GoScheduler
+from _node_helpers import kubelet_agent
 
-from hami import config
 from hami.backends.cambricon_go import NODE_LOCK, PROFILE, card_id
 from hami.kube.client import Kube
-from hami.node import NodeAgent
 from hami.protocol import decode_pod_devices, keys
 from hami.testkit.cluster import SCHEDULER_NAME
 from hami.testkit.controlplane import ControlPlane
@@ -102,30 +101,11 @@ async def wait_phase(kube: Kube, namespace: str, name: str, timeout: float) -> d
 
 @contextlib.asynccontextmanager
 async def mlu_agent(kube: Kube, kubelet: Any, node: str, tmp: Path) -> AsyncIterator[None]:
-    cfg = config.from_mapping(
-        {"backends": {"nvidia": {"enabled": False}, "mlu": {"enabled": True}}}, env={}
-    )
     backend = mlu_backend(fake_cnmon(tmp, "file"), host_root=str(tmp))
-    agent = NodeAgent(
-        cfg,
-        node_name=node,
-        kube=kube,
-        backends={"mlu": backend},
-        register_period=1,
-        device_plugin_dir=str(kubelet.plugin_dir),
-        serve_http=False,
-        kubelet_poll=0.2,
-    )
-    task = asyncio.create_task(agent.run())
-    try:
-        await agent.wait_ready()
+    async with kubelet_agent(kube, kubelet, node, "mlu", backend):
         await kubelet.wait_for_resource(VCORE, healthy=200)
         await kubelet.wait_for_resource(VMEM, healthy=182)
         yield
-    finally:
-        await agent.stop()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def test_go_places_cambricon_pods_on_this_agent(

@@ -6,19 +6,18 @@ starts them with the environment Ascend Docker Runtime reads."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import uuid
 from pathlib import Path
 from typing import Any
 
 from _ascend_helpers import b3_node, fake_npu_smi
+from _node_helpers import kubelet_agent
 
 from hami import config
 from hami.backends import BackendSettings
 from hami.backends.ascend import BACKENDS
 from hami.kube.client import Kube
-from hami.node import NodeAgent
 from hami.protocol import keys
 from hami.scheduler.role import SchedulerRole
 
@@ -88,19 +87,7 @@ async def test_ascend_pods_start_on_an_npu_smi_node(
         backend = BACKENDS[WORD](
             BackendSettings(options={"npu_smi": str(script), "dev_dir": str(dev)})
         )
-        agent = NodeAgent(
-            cfg,
-            node_name=node,
-            kube=kube,
-            backends={WORD: backend},
-            register_period=1,
-            device_plugin_dir=str(kubelet.plugin_dir),
-            serve_http=False,
-            kubelet_poll=0.2,
-        )
-        task = asyncio.create_task(agent.run())
-        try:
-            await agent.wait_ready()
+        async with kubelet_agent(kube, kubelet, node, WORD, backend):
             await kubelet.wait_for_resource(f"huawei.com/{WORD}", healthy=4 * 4)
             scheduler = cfg.scheduler.scheduler_name
             # 3000 MiB: the smallest template that holds it, 16 GiB; and two whole chips
@@ -137,7 +124,3 @@ async def test_ascend_pods_start_on_an_npu_smi_node(
                     assert env == {"ASCEND_VISIBLE_DEVICES": visible}
             obj = await kube.get_node(node)
             assert keys.NODE_LOCK not in (obj["metadata"].get("annotations") or {})
-        finally:
-            await agent.stop()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
