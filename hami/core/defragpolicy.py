@@ -12,7 +12,10 @@ from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from hami.core import defrag
+from hami.core.defragcolumns import AskColumns, NodeColumns
 from hami.core.fit import NodeFit, TypeView, device_reason, fit_pod
 from hami.core.requests import DeviceRequest, PodRequest, device_policy_of
 from hami.core.usage import DeviceState
@@ -26,8 +29,8 @@ STARVED_WEIGHT = 2.0
 PRESSURE_WEIGHT = 2.0
 MAX_ANSWERS = 500_000  # cached answers (each a few hundred bytes) before starting over
 MAX_OPTIONS = 20_000  # node states with their placements kept (a few KiB each)
-MAX_QUESTIONS = 256  # distinct (request, pod CPU and memory) with per-node costs kept
-MAX_RECORDS = 200_000  # per-node records (``_Record``, ~150 bytes each) before starting over
+# rows of per-request columns (``AskColumns``, ~40 bytes each) kept before starting over
+MAX_CELLS = 2_000_000
 
 
 class NodeLike(Protocol):
@@ -60,30 +63,8 @@ _NO_OPTIONS: _Options = (0.0, [])  # not options: absent from the cache
 # A node weighed for a pod: (cost, -utilisation, name, the device key to take).
 _Ranked = tuple[float, float, str, defrag.DeviceKey | None]
 # Per node: (window generation, its key, the key's number, its free cores, its free CPU
-# and memory or None, the cores those starve).
+# and memory or None, the cores they starve).
 _Entry = tuple[int, defrag.NodeKey, int, int, tuple[int, int] | None, float]
-# What a decision reads of a node for what is asked, kept until the node changes
-# (``_stale``) or the window's weights do: (its key's number, its free CPU and memory
-# (infinite where unknown), the free cores the pod leaves, the cores its CPU and memory
-# starve now (0 where unknown), -utilisation, the answer when the pod leaves every
-# shape's pod room; then the largest pod CPU and memory for which the pod also starves
-# no core, and the cost for such a pod). With it a node's cost for a pod of any CPU and
-# memory is a few operations (``_scan``), and for most pods a look-up. Last, the least
-# cost any pod can have there but the pressure term (the cost of a pod of no CPU and
-# memory: less room never lowers the fragment, and the pod's CPU and memory only starve
-# more), and the device model the pressure term charges on it (None: more than one model
-# on the node): a node whose least cost is above the best found so far is passed over.
-_Record = tuple[
-    int, float, float, int, float, float, _Answer, float, float, float, float, str | None
-]
-# A node is passed over only when its least cost is above the best by more than this
-# (the two are worked out by different arithmetic; costs are core percent, ~1-1000).
-_PRUNE_MARGIN = 1e-6
-_UNKNOWN_ROOM = float("inf")
-# A node's cost for a pod but the pressure term (None: no fit), the device key to take,
-# the model the pressure term charges, -utilisation.
-_Cost = tuple[float | None, defrag.DeviceKey | None, str, float]
-_NO_COST: _Cost = (None, None, "", 0.0)
 
 
 class DefragPolicy:
@@ -106,14 +87,14 @@ class DefragPolicy:
         # what is asked -> node key number -> the placements to weigh there (``_options``)
         self._options_of: dict[Hashable, dict[int, _Options]] = {}
         self._answers_generation = -1
-        # what is asked -> node -> its record (``_Record``)
-        self._records: dict[Hashable, dict[str, _Record]] = {}
-        # (what is asked, the pod's CPU and memory) -> node -> its cost but the pressure
-        # term, the device key, the model, where the pod does not leave the node roomy
-        # (a Deployment's replicas ask the same again and again)
-        self._quick: dict[Hashable, dict[str, _Cost]] = {}
-        self._quick_size = 0
-        self.passed_over = 0  # nodes a decision passed over by their least cost (a count)
+        # per node, what a decision reads of it, as arrays: its node columns, and per
+        # request what is asked -> its columns for that request
+        self.columns = NodeColumns()
+        self._tables: dict[Hashable, AskColumns] = {}
+        self.filled = 0  # rows of per-request columns filled (a count)
+        # device models by number (the per-request columns keep the number)
+        self._model_ids: dict[str, int] = {}
+        self._models: list[str] = []
         # models with free cores -> (weight, the models each window shape takes), for
         # ``pressure``; per window generation
         self._accepted: dict[tuple[str, ...], list[tuple[float, tuple[str, ...]]]] = {}
@@ -125,12 +106,9 @@ class DefragPolicy:
         self._count_free(node, None)
 
     def _stale(self, node: str) -> None:
-        """Drop what was worked out for ``node``: its key and its per-question results."""
+        """Drop what was worked out for ``node``: its key and its columns' rows."""
         self._keys.pop(node, None)
-        for records in self._records.values():
-            records.pop(node, None)
-        for results in self._quick.values():
-            results.pop(node, None)
+        self.columns.changed(node)
 
     def _count_free(self, node: str, key: defrag.NodeKey | None) -> None:
         """Keep the free cores per device model (of the nodes' latest keys)."""
@@ -153,6 +131,7 @@ class DefragPolicy:
     def drop_node(self, node: str) -> None:
         self.room.pop(node, None)
         self._stale(node)
+        self.columns.remove(node)
         self._count_free(node, None)
 
     def node_key(self, node: NodeLike) -> defrag.NodeKey:
@@ -192,9 +171,8 @@ class DefragPolicy:
         """The window's weights changed: every cached answer and key number is stale."""
         self._answers.clear()
         self._options_of.clear()
-        self._records.clear()
-        self._quick.clear()
-        self._quick_size = 0
+        self._tables.clear()
+        self.columns.all_changed()
         self._key_ids.clear()
         self._keys.clear()  # their key numbers are gone too
         self._answers_generation = self.shapes.generation
@@ -341,158 +319,156 @@ class DefragPolicy:
         fits is added to it. Nodes in the same state after the pod share one answer
         (``_answers``), unless devices are picked by uuid or link scores.
 
-        The hot loop of a decision: one pass, and per node one look-up of its cost for this
-        question (request and pod size) since it last changed, else its cost worked out
-        inline from its record for the request (``_Record``)."""
+        The hot path of a decision: the named nodes' slots, then every cost from the
+        columns in a few array operations. Python runs per node only for a node changed
+        since it was last weighed for this request (``_fill``) and for a node the pod
+        leaves too little room for some shape's pod (the answer for its room steps, most
+        often a look-up)."""
         cacheable = _cacheable(request, device_policy)
+        columns = self.columns
         answers: dict[int, _Answer] = {}
         options: dict[int, _Options] = {}
-        records: dict[str, _Record] = {}
-        quick: dict[str, _Cost] = {}
         if cacheable:
             asked = _asked(request, device_policy)
             answers = self._answers.setdefault(asked, {})
             if sum(len(o) for o in self._options_of.values()) > MAX_OPTIONS:
                 self._options_of.clear()  # memory: they are worked out again when needed
             options = self._options_of.setdefault(asked, {})
-            if sum(len(r) for r in self._records.values()) > MAX_RECORDS:
-                self._records.clear()
-            records = self._records.setdefault(asked, {})
-            question = (asked, pod_room)
-            found = self._quick.get(question)
+            found = self._tables.get(asked)
             if found is None:
-                if len(self._quick) >= MAX_QUESTIONS or self._quick_size > MAX_RECORDS:
-                    self._quick.clear()
-                    self._quick_size = 0
-                found = self._quick[question] = {}
-            quick = found
+                if (len(self._tables) + 1) * columns.capacity > MAX_CELLS:
+                    self._tables.clear()  # memory: rows are filled again when needed
+                found = self._tables[asked] = AskColumns(columns.capacity)
+            table = found
+        else:
+            table = AskColumns(columns.capacity)  # the nodes' own answers, for this pod only
+        # the pressure term per device model: constant through one decision, from the
+        # free cores counted before this decision's nodes are worked out
+        press = self.pressure() if PRESSURE_WEIGHT else {}
+        scale = PRESSURE_WEIGHT * _cores_of(request)
+        listed = names if isinstance(names, list) else list(names)
+        slot_of = columns.slot_of
+        slots = np.array([slot_of.get(name, -1) for name in listed], dtype=np.int64)
+        if not len(slots):
+            return None, 0
+        if slots.min() < 0:
+            for i in np.flatnonzero(slots < 0).tolist():
+                if listed[i] in nodes:
+                    slots[i] = columns.add(listed[i])
+        table.grow(columns.capacity)
+        known = slots.clip(0)
+        stale = np.flatnonzero((table.built[known] != columns.stamp[known]) | (slots < 0))
+        if len(stale):
+            taken = _cores_of(request)
+            absent: list[int] = []
+            for i in stale.tolist():
+                slot = int(slots[i])
+                if slot < 0:
+                    absent.append(i)  # not a node the policy may weigh
+                    continue
+                if table.built[slot] == columns.stamp[slot]:
+                    continue  # the same name twice
+                node = nodes.get(listed[i])
+                if node is None:
+                    absent.append(i)
+                    continue
+                if not cacheable:
+                    answers, options = {}, {}  # not shared by nodes in the same state
+                self._fill(
+                    slot, node, request, device_policy, share, taken, table, answers, options
+                )
+            if absent:
+                slots = np.delete(slots, absent)
+        looked = len(slots)
+        cost = table.cost[slots]
+        model = table.model[slots]
         cpu, memory = pod_room
         shapes = self.shapes
+        cpu_left = columns.cpu[slots] - cpu
+        memory_left = columns.memory[slots] - memory
+        # kube-scheduler's NodeResourcesFit would not offer a node short of the pod's room
+        fits = ~np.isnan(cost) & (cpu_left >= 0) & (memory_left >= 0)
         cpu_steps, memory_steps = shapes.cpu_steps, shapes.memory_steps
-        cpu_per_core, memory_per_core = shapes.cpu_per_core, shapes.memory_per_core
-        # the least CPU and memory left after the pod that covers every shape's pod
         cpu_top = cpu_steps[-1] if cpu_steps else 0
         memory_top = memory_steps[-1] if memory_steps else 0
-        starve = STARVED_WEIGHT
-        taken = _cores_of(request)
-        # the pressure term per device model: constant through one decision
-        press = (
-            {m: PRESSURE_WEIGHT * taken * (p - 1.0) for m, p in self.pressure().items()}
-            if PRESSURE_WEIGHT
-            else {}
-        )
-        # the least pressure term on a node of more than one model
-        press_floor = min(0.0, *press.values()) if press else 0.0
-        # passing over nodes that cannot beat the best needs every cost to be at least
-        # the record's least one: not with ``every`` (each node's cost is asked for)
-        prune = every is None and cpu >= 0 and memory >= 0
-        best: _Ranked | None = None
-        best_cost = float("inf")
-        looked = 0
-        for name in names:
-            known = quick.get(name)
-            if known is None:
-                record = records.get(name)
-                if record is None:
-                    node = nodes.get(name)
-                    if node is None:
-                        continue
-                    record = self._record(
-                        node, request, device_policy, share, taken, answers, options
-                    )
+        # the pod leaves too little for some shape's pod: the answer for the room steps
+        tight = np.flatnonzero(fits & ((cpu_left < cpu_top) | (memory_left < memory_top)))
+        picks: dict[int, defrag.DeviceKey | None] = {}
+        if len(tight):
+            memos = (
+                columns.number[slots[tight]] << 16
+                | np.searchsorted(cpu_steps, cpu_left[tight], side="right") << 8
+                | np.searchsorted(memory_steps, memory_left[tight], side="right")
+            )
+            name_of = columns.name_of
+            for i, memo in zip(tight.tolist(), memos.tolist(), strict=True):
+                answer = answers.get(memo, _MISSING)
+                if answer is _MISSING:
+                    node = nodes[name_of[slots[i]] or ""]
+                    answer = self._answer_for(node, request, device_policy, share, memo, options)
                     if cacheable:
-                        records[name] = record
-                # its cost from the record (inline: this is most nodes when pods of many
-                # sizes come; min and max written out for the same reason)
-                answer = record[6]
+                        answers[memo] = answer
                 if answer is None:
-                    known = _NO_COST  # no device takes it, whatever its CPU and memory
-                elif cpu <= record[7] and memory <= record[8]:
-                    # the pod leaves every shape's pod room and starves nothing
-                    known = (record[9], answer[1], answer[2], record[5])
-                elif (
-                    prune
-                    and record[10]
-                    + (press_floor if record[11] is None else press.get(record[11], 0.0))
-                    > best_cost + _PRUNE_MARGIN
-                ):
-                    looked += 1  # its cost is above the best's whatever it is exactly
-                    self.passed_over += 1
-                    continue
+                    fits[i] = False
                 else:
-                    number, free_cpu, free_memory, left, starved_before, neg_util = record[:6]
-                    cpu_left = free_cpu - cpu
-                    memory_left = free_memory - memory
-                    if cpu_left < 0 or memory_left < 0:
-                        known = _NO_COST  # kube-scheduler's NodeResourcesFit would not offer it
-                    else:
-                        if cpu_left < cpu_top or memory_left < memory_top:
-                            # the pod leaves too little for some shape's pod: that answer
-                            memo = (
-                                number << 16
-                                | bisect_right(cpu_steps, cpu_left) << 8
-                                | bisect_right(memory_steps, memory_left)
-                            )
-                            answer = answers.get(memo, _MISSING)
-                            if answer is _MISSING:
-                                answer = self._answer_for(
-                                    nodes[name], request, device_policy, share, memo, options
-                                )
-                                if cacheable:
-                                    answers[memo] = answer
-                        if answer is None:
-                            known = _NO_COST
-                        else:
-                            worked = answer[0]
-                            if starve:
-                                # the cores its CPU and memory can no longer feed
-                                # (``_starving``; 0 where its room is unknown)
-                                usable = float(left)
-                                if cpu_per_core > 0:
-                                    fed = cpu_left / cpu_per_core
-                                    if fed < usable:
-                                        usable = fed
-                                if memory_per_core > 0:
-                                    fed = memory_left / memory_per_core
-                                    if fed < usable:
-                                        usable = fed
-                                if not usable > 0.0:  # max(0.0, usable)
-                                    usable = 0.0
-                                worked += starve * (left - usable - starved_before)
-                            known = (worked, answer[1], answer[2], neg_util)
-                if cacheable:
-                    quick[name] = known
-                    self._quick_size += 1
-            looked += 1
-            cost, pick, model, neg_util = known
-            if cost is None:
-                continue
-            if press:
-                cost += press.get(model, 0.0)
-            if every is not None:
-                every.append((cost, neg_util, name, pick))
-            if cost < best_cost:
-                best = (cost, neg_util, name, pick)
-                best_cost = cost
-            elif cost == best_cost and best is not None and (neg_util, name) < best[1:3]:
-                best = (cost, neg_util, name, pick)
-        return best, looked
+                    cost[i] = answer[0]
+                    model[i] = self._model_id(answer[2])
+                    picks[i] = answer[1]
+        if STARVED_WEIGHT:
+            # the cores its CPU and memory can no longer feed (``_starving``; 0 where its
+            # room is unknown, whose columns say no free core left and none starved)
+            left = table.left[slots]
+            usable = left.copy()
+            if shapes.cpu_per_core > 0:
+                np.minimum(usable, cpu_left / shapes.cpu_per_core, out=usable)
+            if shapes.memory_per_core > 0:
+                np.minimum(usable, memory_left / shapes.memory_per_core, out=usable)
+            np.maximum(usable, 0.0, out=usable)
+            cost += STARVED_WEIGHT * (left - usable - columns.starved_before[slots])
+        if press:
+            per_model = np.array(
+                [scale * (press[m] - 1.0) if m in press else 0.0 for m in self._models]
+            )
+            cost += per_model[model]
+        where = np.flatnonzero(fits)
+        if not len(where):
+            return None, looked
+        name_of, neg_util, pick_of = columns.name_of, columns.neg_util, table.pick
 
-    def _record(
+        def ranked(i: int) -> _Ranked:
+            slot = int(slots[i])
+            pick = picks[i] if i in picks else pick_of[slot]
+            return (float(cost[i]), float(neg_util[slot]), name_of[slot] or "", pick)
+
+        if every is not None:
+            every.extend(ranked(i) for i in where.tolist())
+        # the least cost; ties: the most used node, then the name
+        costs = cost[where]
+        tied = [ranked(i) for i in where[costs == costs.min()].tolist()]
+        return min(tied, key=lambda entry: entry[:3]), looked
+
+    def _fill(
         self,
+        slot: int,
         node: NodeLike,
         request: PodRequest,
         device_policy: str,
         share: DeviceRequest | None,
         taken: int,
+        table: AskColumns,
         answers: dict[int, _Answer],
         options: dict[int, _Options],
-    ) -> _Record:
-        """What a decision reads of ``node`` for this request (``_Record``)."""
+    ) -> None:
+        """Fill ``node``'s row of the columns for this request (``AskColumns``), and its
+        node columns where stale."""
+        self.filled += 1
         entry = self._keys.get(node.name)
         if entry is None or entry[0] != self.shapes.generation:
             entry = self._node_entry(node)
-        _generation, key, number, free, room, starved_before = entry
+        _generation, _key, number, free, room, starved_before = entry
+        columns = self.columns
+        if not columns.is_built(slot):
+            columns.fill(slot, number, free, room, starved_before, -node.utilisation)
         shapes = self.shapes
         memo = number << 16 | len(shapes.cpu_steps) << 8 | len(shapes.memory_steps)
         answer = answers.get(memo, _MISSING)
@@ -500,52 +476,22 @@ class DefragPolicy:
             answer = answers[memo] = self._answer_for(
                 node, request, device_policy, share, memo, options
             )
-        neg_util = -node.utilisation
-        if room is None:
-            free_cpu = free_memory = _UNKNOWN_ROOM
-            left, starved_before = 0, 0.0
+        if answer is None:
+            table.cost[slot] = np.nan
+            table.pick[slot] = None
         else:
-            free_cpu, free_memory = room
-            left = free - taken if free > taken else 0
-        # Up to these the pod leaves every shape's pod room and its CPU and memory still
-        # feed every core it leaves, so its cost is ``roomy`` (the arithmetic of the
-        # loop in ``_scan`` with nothing starved; the margin of one keeps the division's
-        # rounding out: above it the loop works the cost out).
-        cpu_need = float(shapes.cpu_steps[-1] if shapes.cpu_steps else 0)
-        memory_need = float(shapes.memory_steps[-1] if shapes.memory_steps else 0)
-        if STARVED_WEIGHT and shapes.cpu_per_core > 0:
-            cpu_need = max(cpu_need, left * shapes.cpu_per_core + 1)
-        if STARVED_WEIGHT and shapes.memory_per_core > 0:
-            memory_need = max(memory_need, left * shapes.memory_per_core + 1)
-        roomy = least = 0.0
-        if answer is not None:
-            roomy = least = answer[0]
-            if STARVED_WEIGHT:
-                fed = float(left) if left > 0 else 0.0
-                roomy += STARVED_WEIGHT * (left - fed - starved_before)
-                # a pod of no CPU and memory: what the node's room feeds now
-                usable = float(left)
-                if room is not None and shapes.cpu_per_core > 0:
-                    usable = min(usable, free_cpu / shapes.cpu_per_core)
-                if room is not None and shapes.memory_per_core > 0:
-                    usable = min(usable, free_memory / shapes.memory_per_core)
-                least += STARVED_WEIGHT * (left - max(0.0, usable) - starved_before)
-        models = {device[0] for device in key[0]}
-        model = next(iter(models)) if len(models) == 1 else None
-        return (
-            number,
-            free_cpu,
-            free_memory,
-            left,
-            starved_before,
-            neg_util,
-            answer,
-            free_cpu - cpu_need,
-            free_memory - memory_need,
-            roomy,
-            least,
-            model,
-        )
+            table.cost[slot] = answer[0]
+            table.model[slot] = self._model_id(answer[2])
+            table.pick[slot] = answer[1]
+        table.left[slot] = (free - taken if free > taken else 0) if room is not None else 0
+        table.built[slot] = columns.stamp[slot]
+
+    def _model_id(self, model: str) -> int:
+        found = self._model_ids.get(model)
+        if found is None:
+            found = self._model_ids[model] = len(self._models)
+            self._models.append(model)
+        return found
 
     def _answer_for(
         self,
