@@ -584,3 +584,35 @@ def test_names_repeated_unknown_or_removed_do_not_change_the_decision() -> None:
     assert after["d"] == pytest.approx(
         fresh.weigh(request, ["d"], (1000, 2048), observe=False)["d"], abs=1e-9
     )
+
+
+def test_a_node_states_placements_do_not_depend_on_its_device_order() -> None:
+    """Nodes in the same state share their placements (kept across generations), and the
+    first of equally cheap placements is taken: so they are listed in device key order,
+    not in the order of the node that was asked first, else a decision would depend on
+    which node the caches met first."""
+    import dataclasses
+
+    cluster = cluster_with(("a", 3))
+    assert place(cluster, share("first", 30)) is not None
+    assert place(cluster, share("second", 60)) is not None
+    state = cluster.nodes["a"]
+    view = state.views["nvidia"]
+    reversed_view = dataclasses.replace(view, devices=list(reversed(view.devices)))
+
+    class Twin:
+        name = "twin"
+        views = {"nvidia": reversed_view}
+        devices = state.devices
+        utilisation = state.utilisation
+
+    request = parse_pod(share("p", 10), [NVIDIA])
+    assert request is not None
+    (item,) = request.containers[0]
+    policy = cluster.defrag
+    devices_now = policy.node_key(state)[0]
+    listed = policy._placements(state, request, "binpack", item, devices_now)
+    twin = policy._placements(Twin(), request, "binpack", item, devices_now)
+    assert listed is not None and len(listed) == 3
+    assert listed == twin
+    assert [p[0] for p in listed] == sorted(p[0] for p in listed if p[0] is not None)

@@ -29,6 +29,8 @@ STARVED_WEIGHT = 2.0
 PRESSURE_WEIGHT = 2.0
 MAX_ANSWERS = 500_000  # cached answers (each a few hundred bytes) before starting over
 MAX_OPTIONS = 20_000  # node states with their placements kept (a few KiB each)
+# per request, device states with their placements kept across generations (~1 KiB each)
+MAX_PLACEMENTS = 50_000
 # rows of per-request columns (``AskColumns``, ~40 bytes each) kept before starting over
 MAX_CELLS = 2_000_000
 
@@ -60,9 +62,15 @@ _Candidate = tuple[defrag.DeviceKey | None, str, tuple[defrag.DeviceKey, ...], l
 # The fragment before the pod and the placements to weigh, or None: no fit on the node.
 _Options = tuple[float, list[_Candidate]] | None
 _NO_OPTIONS: _Options = (0.0, [])  # not options: absent from the cache
+# A node state's placements of a pod (``DefragPolicy._placements``), or None: no fit.
+_Placements = list[tuple[defrag.DeviceKey | None, str, tuple[defrag.DeviceKey, ...]]] | None
+_NO_PLACEMENTS: _Placements = []  # not placements: absent from the cache
+# Per request: the options per node key number (this generation), the placements per
+# device state (any generation).
+_Kept = tuple[dict[int, _Options], dict[tuple[defrag.DeviceKey, ...], _Placements]]
 # A node weighed for a pod: (cost, -utilisation, name, the device key to take).
 _Ranked = tuple[float, float, str, defrag.DeviceKey | None]
-# Per node: (window generation, its key, the key's number, its free cores, its free CPU
+# Per node: (epoch of the key numbers, its key, the key's number, its free cores, its free CPU
 # and memory or None, the cores they starve).
 _Entry = tuple[int, defrag.NodeKey, int, int, tuple[int, int] | None, float]
 
@@ -73,7 +81,7 @@ class DefragPolicy:
         self.fragment = defrag.FragmentCache(self.shapes)
         # free (CPU millicores, memory MiB) per node, where known
         self.room: dict[str, tuple[int, int]] = {}
-        # node -> (window generation, its key, the key's number, its free cores, its free
+        # node -> (epoch of the key numbers, its key, the key's number, its free cores, its free
         # CPU and memory or None, the cores they starve)
         self._keys: dict[str, _Entry] = {}
         # node keys numbered (per generation): answers are looked up by small ints, not
@@ -86,7 +94,10 @@ class DefragPolicy:
         self._answers: dict[Hashable, dict[int, _Answer]] = {}
         # what is asked -> node key number -> the placements to weigh there (``_options``)
         self._options_of: dict[Hashable, dict[int, _Options]] = {}
+        # what is asked -> a node's devices -> the pod's placements there (any generation)
+        self._placements_of: dict[Hashable, dict[tuple[defrag.DeviceKey, ...], _Placements]] = {}
         self._answers_generation = -1
+        self._epoch = 0  # one more each time the key numbers start over
         # per node, what a decision reads of it, as arrays: its node columns, and per
         # request what is asked -> its columns for that request
         self.columns = NodeColumns()
@@ -138,31 +149,35 @@ class DefragPolicy:
         return self._node_entry(node)[1]
 
     def _node_entry(self, node: NodeLike) -> _Entry:
-        generation = self.shapes.generation
-        known = self._keys.get(node.name)
-        if known is not None and known[0] == generation:
-            return known
-        if self._answers_generation != generation:
+        if self._answers_generation != self.shapes.generation:
             self._new_generation()
+        known = self._keys.get(node.name)
+        if known is not None and known[0] == self._epoch:
+            return known
         room = self.room.get(node.name)
         covered = (
             self.shapes.covered(*room) if room is not None else self.shapes.covered(None, None)
         )
-        key = defrag.node_key(
-            (
-                defrag.device_key(word, device)
-                for word, view in node.views.items()
-                if view.unavailable is None
-                for device in view.devices
-            ),
-            covered,
-        )
+        if known is not None:
+            # an entry of an earlier generation: the node has not changed since
+            # (``_stale``), only what its room covers may have
+            key = (known[1][0], *covered)
+        else:
+            key = defrag.node_key(
+                (
+                    defrag.device_key(word, device)
+                    for word, view in node.views.items()
+                    if view.unavailable is None
+                    for device in view.devices
+                ),
+                covered,
+            )
         number = self._key_ids.setdefault(key, len(self._key_ids))
         free = sum(d[3] for d in key[0])
         starved_before = (
             0.0 if room is None else defrag.starved(free, room[0], room[1], self.shapes)
         )
-        entry = (generation, key, number, free, room, starved_before)
+        entry = (self._epoch, key, number, free, room, starved_before)
         self._keys[node.name] = entry
         self._count_free(node.name, key)
         return entry
@@ -173,9 +188,9 @@ class DefragPolicy:
         self._options_of.clear()
         self._tables.clear()
         self.columns.all_changed()
-        self._key_ids.clear()
-        self._keys.clear()  # their key numbers are gone too
+        self._key_ids.clear()  # the entries' numbers are stale: their epoch is old
         self._answers_generation = self.shapes.generation
+        self._epoch += 1
 
     def pressure(self) -> dict[str, float]:
         """Per device model: the recent demand that may use it, each shape's share
@@ -328,12 +343,16 @@ class DefragPolicy:
         columns = self.columns
         answers: dict[int, _Answer] = {}
         options: dict[int, _Options] = {}
+        placements: dict[tuple[defrag.DeviceKey, ...], _Placements] = {}
         if cacheable:
             asked = _asked(request, device_policy)
             answers = self._answers.setdefault(asked, {})
             if sum(len(o) for o in self._options_of.values()) > MAX_OPTIONS:
                 self._options_of.clear()  # memory: they are worked out again when needed
             options = self._options_of.setdefault(asked, {})
+            if sum(len(p) for p in self._placements_of.values()) > MAX_PLACEMENTS:
+                self._placements_of.clear()  # memory: worked out again when needed
+            placements = self._placements_of.setdefault(asked, {})
             found = self._tables.get(asked)
             if found is None:
                 if (len(self._tables) + 1) * columns.capacity > MAX_CELLS:
@@ -373,9 +392,17 @@ class DefragPolicy:
                     absent.append(i)
                     continue
                 if not cacheable:
-                    answers, options = {}, {}  # not shared by nodes in the same state
+                    answers, options, placements = {}, {}, {}  # the node's own
                 self._fill(
-                    slot, node, request, device_policy, share, taken, table, answers, options
+                    slot,
+                    node,
+                    request,
+                    device_policy,
+                    share,
+                    taken,
+                    table,
+                    answers,
+                    (options, placements),
                 )
             if absent:
                 slots = np.delete(slots, absent)
@@ -402,10 +429,14 @@ class DefragPolicy:
             )
             name_of = columns.name_of
             for i, memo in zip(tight.tolist(), memos.tolist(), strict=True):
+                if not cacheable:
+                    answers, options, placements = {}, {}, {}  # the node's own
                 answer = answers.get(memo, _MISSING)
                 if answer is _MISSING:
                     node = nodes[name_of[slots[i]] or ""]
-                    answer = self._answer_for(node, request, device_policy, share, memo, options)
+                    answer = self._answer_for(
+                        node, request, device_policy, share, memo, (options, placements)
+                    )
                     if cacheable:
                         answers[memo] = answer
                 if answer is None:
@@ -457,13 +488,13 @@ class DefragPolicy:
         taken: int,
         table: AskColumns,
         answers: dict[int, _Answer],
-        options: dict[int, _Options],
+        kept: _Kept,
     ) -> None:
         """Fill ``node``'s row of the columns for this request (``AskColumns``), and its
         node columns where stale."""
         self.filled += 1
         entry = self._keys.get(node.name)
-        if entry is None or entry[0] != self.shapes.generation:
+        if entry is None or entry[0] != self._epoch:
             entry = self._node_entry(node)
         _generation, _key, number, free, room, starved_before = entry
         columns = self.columns
@@ -474,7 +505,7 @@ class DefragPolicy:
         answer = answers.get(memo, _MISSING)
         if answer is _MISSING:
             answer = answers[memo] = self._answer_for(
-                node, request, device_policy, share, memo, options
+                node, request, device_policy, share, memo, kept
             )
         if answer is None:
             table.cost[slot] = np.nan
@@ -500,11 +531,11 @@ class DefragPolicy:
         device_policy: str,
         share: DeviceRequest | None,
         memo: int,
-        options: dict[int, _Options],
+        kept: _Kept,
     ) -> _Answer:
         """``_answer`` for the node state and room steps ``memo`` packs."""
         entry = self._keys.get(node.name)
-        if entry is None or entry[0] != self.shapes.generation:
+        if entry is None or entry[0] != self._epoch:
             entry = self._node_entry(node)
         return self._answer(
             node,
@@ -513,7 +544,7 @@ class DefragPolicy:
             share,
             entry[1],
             (memo >> 8 & 255, memo & 255),
-            options,
+            kept,
             memo >> 16,
         )
 
@@ -525,16 +556,19 @@ class DefragPolicy:
         share: DeviceRequest | None,
         key: defrag.NodeKey,
         after_room: tuple[int, int],
-        options: dict[int, _Options],
+        kept: _Kept,
         number: int,
     ) -> _Answer:
         """The pod's cheapest placement on a node in state ``key`` whose CPU and memory,
         after the pod, cover ``after_room`` steps. The placements to weigh (``_options``)
         do not depend on the room, so they are worked out once per node state and only
         the sum is taken again for each room."""
+        options, placements = kept
         found = options.get(number, _NO_OPTIONS)
         if found is _NO_OPTIONS:
-            found = options[number] = self._options(node, request, device_policy, share, key)
+            found = options[number] = self._options(
+                node, request, device_policy, share, key, placements
+            )
         if found is None:
             return None
         before, candidates = found
@@ -554,18 +588,41 @@ class DefragPolicy:
         device_policy: str,
         share: DeviceRequest | None,
         key: defrag.NodeKey,
+        placements: dict[tuple[defrag.DeviceKey, ...], _Placements],
     ) -> _Options:
         """The fragment before the pod, and each placement to weigh: (the device key to
         take, the model charged, the node's devices after it, their masks, the shapes met
-        on them before the room is asked); None when the pod fits nowhere on the node."""
-        before = self.fragment(key)
-        fragment = self.fragment
+        on them before the room is asked); None when the pod fits nowhere on the node.
+        The placements themselves do not depend on the window's weights: they are kept
+        per device state across generations (``placements``), only the masks are new."""
+        found = placements.get(key[0], _NO_PLACEMENTS)
+        if found is _NO_PLACEMENTS:
+            found = placements[key[0]] = self._placements(
+                node, request, device_policy, share, key[0]
+            )
+        if found is None:
+            return None
+        parts = self.fragment.parts
+        return self.fragment(key), [
+            (pick, model, devices, *parts(devices)) for pick, model, devices in found
+        ]
+
+    def _placements(
+        self,
+        node: NodeLike,
+        request: PodRequest,
+        device_policy: str,
+        share: DeviceRequest | None,
+        devices_now: tuple[defrag.DeviceKey, ...],
+    ) -> _Placements:
+        """Each placement of the pod on the node: (the device key to take, the model
+        charged, the node's devices after it); None when it fits nowhere there."""
         if share is not None:
             view = node.views.get(share.type_word)
             if view is None or view.unavailable is not None:
                 return None
             selectors = request.selectors_for(share.type_word)
-            candidates: list[_Candidate] = []
+            found: list[tuple[defrag.DeviceKey | None, str, tuple[defrag.DeviceKey, ...]]] = []
             seen: set[defrag.DeviceKey] = set()
             for device in view.devices:
                 dkey = defrag.device_key(share.type_word, device)
@@ -575,9 +632,11 @@ class DefragPolicy:
                 if device_reason(device, share, selectors, None) is not None:
                     continue
                 after = defrag.taken(dkey, share.memory_on(device.total_memory), share.cores)
-                devices = _replace_all(key[0], [(dkey, after)])
-                candidates.append((dkey, dkey[0], devices, *fragment.parts(devices)))
-            return (before, candidates) if candidates else None
+                found.append((dkey, dkey[0], _replace_all(devices_now, [(dkey, after)])))
+            # in device key order, not the node's device order: nodes in the same state
+            # share these, and the first of equally cheap placements is taken
+            found.sort(key=lambda placement: placement[0] or ())
+            return found or None
         result = fit_pod(node.views, request, device_policy)
         if not isinstance(result, NodeFit):
             return None
@@ -590,9 +649,8 @@ class DefragPolicy:
             if dkey is None:
                 continue
             replaced.append((dkey, defrag.taken(dkey, use.memory, use.cores)))
-        devices = _replace_all(key[0], replaced)
-        model = key[0][0][0] if key[0] else ""
-        return before, [(None, model, devices, *fragment.parts(devices))]
+        model = devices_now[0][0] if devices_now else ""
+        return [(None, model, _replace_all(devices_now, replaced))]
 
 
 def _replace_all(
