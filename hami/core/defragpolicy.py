@@ -32,7 +32,7 @@ MAX_OPTIONS = 20_000  # node states with their placements kept (a few KiB each)
 # per request, device states with their placements kept across generations (~1 KiB each)
 MAX_PLACEMENTS = 50_000
 # rows of per-request columns (``AskColumns``, ~40 bytes each) kept before starting over
-MAX_CELLS = 2_000_000
+MAX_CELLS = 1_000_000
 
 
 class NodeLike(Protocol):
