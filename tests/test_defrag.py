@@ -391,6 +391,8 @@ steps = st.lists(
         st.tuples(st.just("place"), st.sampled_from([10, 30, 50, 100]), st.integers(0, 3)),
         st.tuples(st.just("room"), st.sampled_from(["a", "b", "c"]), st.integers(0, 8)),
         st.tuples(st.just("release"), st.integers(0, 40), st.just(0)),
+        # a node removed, or added (a name seen before comes back in another state)
+        st.tuples(st.just("churn"), st.sampled_from(["b", "d", "e"]), st.integers(1, 4)),
     ),
     min_size=1,
     max_size=40,
@@ -400,16 +402,24 @@ steps = st.lists(
 @settings(max_examples=60, deadline=None)
 @given(steps)
 def test_cached_answers_equal_answers_worked_out_afresh(ops: list[tuple[str, Any, int]]) -> None:
-    """Placements, releases and room changes in any order: every decision's costs, read
-    through the per-key answers and the per-question results, equal the costs a policy
-    with nothing cached works out, and the decision takes the cheapest of them."""
+    """Placements, releases, room changes and nodes removed and added in any order: every
+    decision's costs, read through the per-key answers and the nodes' columns (a slot
+    freed by a removed node is given to the next new one), equal the costs a policy with
+    nothing cached works out, and the decision takes the cheapest of them."""
     cluster = cluster_with(("a", 2), ("b", 2), ("c", 3))
-    placed: list[str] = []
+    placed: list[tuple[str, str]] = []
     for i, (op, arg, extra) in enumerate(ops):
-        if op == "room":
+        if op == "room" and arg in cluster.nodes:
             cluster.set_node_room(arg, 1000 * extra, 2048 * extra)
         elif op == "release" and placed:
-            cluster.release(placed.pop(arg % len(placed)))
+            cluster.release(placed.pop(arg % len(placed))[0])
+        elif op == "churn" and arg in cluster.nodes:
+            cluster.delete_node(arg)
+            placed = [(key, where) for key, where in placed if where != arg]
+        elif op == "churn":
+            uuids = [f"{arg}{i}-g{j}" for j in range(extra)]
+            cluster.upsert_node(node(arg, register(uuids)), NOW)
+            cluster.set_node_room(arg, 3000 * extra, 4096 * extra)
         elif op == "place":
             obj = whole(f"p{i}") if arg == 100 else share(f"p{i}", arg)
             room = (500 * extra, 1024 * extra)
@@ -429,7 +439,7 @@ def test_cached_answers_equal_answers_worked_out_afresh(ops: list[tuple[str, Any
                 continue
             assert cached[decision.node] == pytest.approx(min(cached.values()))
             cluster.reserve(f"default/p{i}", f"p{i}", decision.node, decision.fit)
-            placed.append(f"default/p{i}")
+            placed.append((f"default/p{i}", decision.node))
 
 
 def plain_share_costs(
