@@ -47,8 +47,9 @@ EXTENDER_CHAIN: tuple[tuple[str, str, str], ...] = (
         "locked",
         "previous release -> lock taken (scheduler's Node watch, lock write)",
     ),
-    ("locked", "allocating", "lock -> decision written (pod write)"),
-    ("allocating", "bound", "decision -> Binding (scheduler's pod watch, Binding)"),
+    # the decision is written before the bind waits for its turn (docs/scheduler.md)
+    ("allocating", "locked", "decision written -> lock taken (turn and lock wait)"),
+    ("locked", "bound", "lock -> Binding (check, Binding write)"),
     ("bound", "success", "Binding -> agent's write (kubelet's watch, Allocate, pod write)"),
     ("success", "released", "agent's write -> lock released (Node write)"),
     ("success", "running", "agent's write -> Running (kubelet's status write)"),

@@ -62,11 +62,11 @@ async def test_filter_sends_nothing_and_bind_writes_the_pod_once(
             assert await post(f"{role.url}/bind", binding(pod, name)) == {"Error": ""}
             pod_path = f"/api/v1/namespaces/{namespace}/pods/p"
             sent = counting.since(mark)
-            # lock (at the watch's resourceVersion: no read of the Node), one pod write,
-            # the Binding
+            # one pod write (the decision, before the node's turn), the lock (at the
+            # watch's resourceVersion: no read of the Node), the Binding
             assert sent == [
-                ("PATCH", f"/api/v1/nodes/{name}"),
                 ("PATCH", pod_path),
+                ("PATCH", f"/api/v1/nodes/{name}"),
                 ("POST", f"{pod_path}/binding"),
             ]
             ann = (await kube.get_pod(namespace, "p"))["metadata"]["annotations"]

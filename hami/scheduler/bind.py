@@ -234,39 +234,43 @@ class Binder:
         written: str | None = None  # the pod's resourceVersion after our write
         taken: dict[str, str] = {}  # vendor lock -> the value this bind wrote
         try:
+            # The decision is written first, outside the node's turn: its write and the
+            # pod watch catching up with it overlap the wait for the turn and the lock,
+            # instead of adding two round trips to each pod's serial lock cycle. Node
+            # agents read only bound pods, so a decision on a pod not yet bound is seen
+            # by no Allocate (as with Go HAMi, whose filter writes it).
+            self._fence(Step.DECISION, key, record, deadline)
+            answer = await self._write_decision(namespace, name, uid, record)
+            written = str(metadata_of(answer).get("resourceVersion") or "") or None
             # One bind per node at a time; its turn ends with the Binding (the next one
             # then waits for the node agent to release the lock after Allocate).
             async with self.queue.turn(node, wait):
-                try:
-                    if self._needs_lock(record):
-                        await self._take_lock(node, namespace, name, record, deadline)
-                    for lock_key in self._vendor_locks(record):
-                        taken[lock_key] = await self._take_vendor_lock(
-                            node, key, lock_key, record, deadline
-                        )
-                    self._fence(Step.DECISION, key, record, deadline)
-                    answer = await self._write_decision(namespace, name, uid, record)
-                    written = str(metadata_of(answer).get("resourceVersion") or "") or None
-                    await self._bind_checked(namespace, name, uid, record, written, deadline)
-                except AlreadyBound as exc:
-                    # what the pod holds is what its annotations say; nothing of it is ours
-                    # to undo (releasing its lock would let another pod allocate beside it)
-                    self.cluster.upsert_pod(exc.pod, self.clock.now())
-                    raise
-                except BaseException as exc:
-                    await self.undo(namespace, name, node, record, written)
-                    for lock_key, value in taken.items():
-                        await self.vendor_locks.release(node, lock_key, value)
-                    if isinstance(exc, KubeError):
-                        raise BindError(f"hami bind: pod {key} on node {node}: {exc}") from exc
-                    raise
-        except QueueTimeout as exc:
-            await self.undo(namespace, name, node, record, None)
-            raise BindError(
-                f"hami bind: node {node} is busy: {exc.ahead} bind(s) queued before pod {key} "
-                f"did not finish within scheduler.bind_lock_wait ({wait:g}s); each waits for "
-                "the node agent to release the node lock after the previous pod's allocation"
-            ) from None
+                if self._needs_lock(record):
+                    await self._take_lock(node, namespace, name, record, deadline)
+                for lock_key in self._vendor_locks(record):
+                    taken[lock_key] = await self._take_vendor_lock(
+                        node, key, lock_key, record, deadline
+                    )
+                await self._bind_checked(namespace, name, uid, record, written, deadline)
+        except AlreadyBound as exc:
+            # what the pod holds is what its annotations say; nothing of it is ours to
+            # undo (releasing its lock would let another pod allocate beside it)
+            self.cluster.upsert_pod(exc.pod, self.clock.now())
+            raise
+        except BaseException as exc:
+            await self.undo(namespace, name, node, record, written)
+            for lock_key, value in taken.items():
+                await self.vendor_locks.release(node, lock_key, value)
+            if isinstance(exc, QueueTimeout):
+                raise BindError(
+                    f"hami bind: node {node} is busy: {exc.ahead} bind(s) queued before pod "
+                    f"{key} did not finish within scheduler.bind_lock_wait ({wait:g}s); each "
+                    "waits for the node agent to release the node lock after the previous "
+                    "pod's allocation"
+                ) from None
+            if isinstance(exc, KubeError):
+                raise BindError(f"hami bind: pod {key} on node {node}: {exc}") from exc
+            raise
         finally:
             self.binding.discard(key)
             self._versions.pop(key, None)
@@ -308,8 +312,8 @@ class Binder:
         version: str | None,
         deadline: float,
     ) -> None:
-        """Steps 4 and 5: once the watch shows the pod at ``version``, check the fit and
-        bind exactly that version of the pod."""
+        """Steps 5 and 6 (docs/scheduler.md): once the watch shows the pod at
+        ``version``, check the fit and bind exactly that version of the pod."""
         key = f"{namespace}/{name}"
         for _ in range(3):
             if version is None:
