@@ -381,6 +381,7 @@ class Cluster:
         answer would (every node after a start: ~0.35 s at 65,000 nodes); the scheduler
         role calls it once the initial lists are in, so no request pays for it."""
         self.summaries.sync(self.nodes)
+        self.summaries.prepare()
 
     def set_node_room(self, name: str, free_cpu_milli: int, free_memory_mib: int) -> None:
         """The node's CPU and memory not requested by its pods (what the ``defrag``

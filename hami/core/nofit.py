@@ -43,6 +43,8 @@ from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, S
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from hami.core.fit import (
     CARD_INSUFFICIENT_CORE,
     CARD_INSUFFICIENT_MEMORY,
@@ -50,6 +52,7 @@ from hami.core.fit import (
     NODE_INSUFFICIENT_DEVICE,
     NODE_UNREGISTERED,
 )
+from hami.core.nameindex import MISSING, NameIndex
 from hami.core.requests import PodRequest
 
 # Up to this many candidates every node gets the detailed reason (about 20 us a node).
@@ -328,7 +331,7 @@ class Summaries:
 
     def __init__(self) -> None:
         self._dirty: set[str] = set()
-        self._of: dict[str, int] = {}  # node -> group
+        self._of = NameIndex()  # node -> group
         self._ids: dict[Hashable, int] = {}  # snapshot key -> group
         self._snapshots: dict[int, NodeSnapshot] = {}  # group -> its summary
         self._keys: dict[int, Hashable] = {}
@@ -345,7 +348,7 @@ class Summaries:
     def sync(self, nodes: Mapping[str, NodeSummary]) -> None:
         """Regroup the nodes changed since the last call."""
         for name in self._dirty:
-            old = self._of.pop(name, None)
+            old = self._of.get(name)
             if old is not None:
                 left = self._counts[old] - 1
                 if left:
@@ -355,6 +358,7 @@ class Summaries:
                     del self._ids[self._keys.pop(old)]
             node = nodes.get(name)
             if node is None:
+                self._of.pop(name)
                 continue
             key = summary_key(node)
             group = self._ids.get(key)
@@ -363,9 +367,13 @@ class Summaries:
                 self._next += 1
                 self._keys[group], self._snapshots[group] = key, snapshot(node)
                 self._counts[group] = 0
-            self._of[name] = group
+            self._of.set(name, group)
             self._counts[group] += 1
         self._dirty.clear()
+
+    def prepare(self) -> None:
+        """Make the next ``reasons`` cheap: the node names' index, built (after ``sync``)."""
+        self._of.prepare()
 
     def may_fit_anywhere(self, needs: Sequence[Need]) -> bool:
         """Whether the summaries of any known node allow ``needs`` (after ``sync``)."""
@@ -378,13 +386,18 @@ class Summaries:
         detail: Callable[[list[str]], Mapping[str, str]],
     ) -> tuple[dict[str, str], list[str]]:
         """``reasons`` (the same answer) with one ``summary_reason`` per group: the
-        per-name work is dictionary look-ups done in C (after ``sync``)."""
-        groups = list(map(self._of.get, names))
-        why: dict[int | None, str | None] = {None: NODE_UNREGISTERED}
-        for group in set(groups):
-            if group is not None:
+        per-name work is array operations and C loops (after ``sync``): each name's
+        group (``NameIndex.lookup``), then its group's reason."""
+        groups = self._of.lookup(names)
+        ordered = np.sort(groups)  # the distinct groups (np.unique imports numpy.ma at first use)
+        present = ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
+        why: dict[int, str | None] = {MISSING: NODE_UNREGISTERED}
+        for group in present.tolist():
+            if group != MISSING:
                 why[group] = summary_reason(self._snapshots[group], needs)
-        answer: dict[str, str] = dict(zip(names, map(why.__getitem__, groups), strict=True))  # type: ignore[arg-type]
+        texts = np.array([why[group] for group in present.tolist()], dtype=object)
+        per_name = texts[np.searchsorted(present, groups)].tolist()
+        answer: dict[str, str] = dict(zip(names, per_name, strict=True))
         allowed: list[str] = []
         if any(reason is None for reason in why.values()):
             allowed = [name for name in names if answer[name] is None]  # in order, repeats kept
