@@ -8,6 +8,7 @@ through CDI), and deleting pods destroys their instances and frees the slices.""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +34,13 @@ GPU = "GPU-mig-a100-0"
 PROFILES = ["1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"]
 
 
-def mig_backend(nvml: FakeNvml, work: Path) -> NvidiaBackend:
+def mig_backend(nvml: FakeNvml, work: Path, *, health_checks: bool = False) -> NvidiaBackend:
+    """The NVIDIA backend in MIG mode over ``nvml`` (with ``health_checks``: its Xid
+    watch on)."""
     options: dict[str, Any] = {
         "sysfs_root": str(work / "sys"),
         "topology_score": False,
-        "health_checks": False,
+        "health_checks": health_checks,
         "operating_mode": "mig",
         "mig_profile_allowlist": [{"models": ["A100-SXM4-40GB"], "profiles": PROFILES}],
         "mig_state_file": str(work / "mig-instances.json"),
@@ -47,19 +50,29 @@ def mig_backend(nvml: FakeNvml, work: Path) -> NvidiaBackend:
     return NvidiaBackend(settings, nvml=nvml)
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def mig(controlplane: ControlPlane) -> AsyncIterator[tuple[LocalCluster, FakeNvml]]:
-    spec = NodeSpec(NODE, ({"count": 1, "model": "unused", "memory": 1},))
+@asynccontextmanager
+async def mig_cluster(
+    controlplane: ControlPlane, name: str, *, health_checks: bool = False
+) -> AsyncIterator[tuple[LocalCluster, FakeNvml]]:
+    """A DRA-mode cluster of one node ``name`` whose agent runs ``mig_backend`` over one
+    fake A100 40GB in MIG mode."""
+    spec = NodeSpec(name, ({"count": 1, "model": "unused", "memory": 1},))
     cluster = LocalCluster(
         (spec,), plane=controlplane, timing=Timing(handshake_timeout=3.0), mode="dra"
     )
     nvml = FakeNvml(
         [FakeGpu(0, GPU, "NVIDIA A100-SXM4-40GB", 40 << 30, "00000000:07:00.0", mig_mode=1)]
     )
-    node = cluster.nodes[NODE]
-    node.backend = mig_backend(nvml, node.dir)
+    node = cluster.nodes[name]
+    node.backend = mig_backend(nvml, node.dir, health_checks=health_checks)
     async with cluster:
         yield cluster, nvml
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def mig(controlplane: ControlPlane) -> AsyncIterator[tuple[LocalCluster, FakeNvml]]:
+    async with mig_cluster(controlplane, NODE) as found:
+        yield found
 
 
 async def profile_template(cluster: LocalCluster, profile: str) -> str:

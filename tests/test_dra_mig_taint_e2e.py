@@ -7,17 +7,14 @@ it and its pod keeps running (docs/dra.md "Device health")."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
-from _nvml_helpers import FakeGpu, FakeNvml
-from test_dra_mig_e2e import GPU, PROFILES, profile_template
+from _nvml_helpers import FakeNvml
+from test_dra_mig_e2e import mig_cluster, profile_template
 
-from hami.backends.base import BackendSettings
-from hami.backends.nvidia import NvidiaBackend
-from hami.testkit.cluster import LocalCluster, NodeSpec, Timing, phase_of, poll
+from hami.testkit.cluster import LocalCluster, phase_of, poll
 from hami.testkit.controlplane import ControlPlane
 from hami.testkit.dra_pods import dra_pod
 from hami.testkit.kubelet_dra import claim_path
@@ -28,34 +25,11 @@ NODE = "gpu-mig-sick"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 
-def watched_mig_backend(nvml: FakeNvml, work: Path) -> NvidiaBackend:
-    """The NVIDIA backend in MIG mode with its Xid watch on (health_checks)."""
-    options: dict[str, Any] = {
-        "sysfs_root": str(work / "sys"),
-        "topology_score": False,
-        "health_checks": True,
-        "operating_mode": "mig",
-        "mig_profile_allowlist": [{"models": ["A100-SXM4-40GB"], "profiles": PROFILES}],
-        "mig_state_file": str(work / "mig-instances.json"),
-        "hamicore": {"containers_dir": str(work / "vgpu" / "containers")},
-    }
-    settings = BackendSettings(split_count=7, options=options, register_format="json")
-    return NvidiaBackend(settings, nvml=nvml)
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def sick(controlplane: ControlPlane) -> AsyncIterator[tuple[LocalCluster, FakeNvml]]:
-    spec = NodeSpec(NODE, ({"count": 1, "model": "unused", "memory": 1},))
-    cluster = LocalCluster(
-        (spec,), plane=controlplane, timing=Timing(handshake_timeout=3.0), mode="dra"
-    )
-    nvml = FakeNvml(
-        [FakeGpu(0, GPU, "NVIDIA A100-SXM4-40GB", 40 << 30, "00000000:07:00.0", mig_mode=1)]
-    )
-    node = cluster.nodes[NODE]
-    node.backend = watched_mig_backend(nvml, node.dir)
-    async with cluster:
-        yield cluster, nvml
+    # the backend with its Xid watch on (health_checks)
+    async with mig_cluster(controlplane, NODE, health_checks=True) as found:
+        yield found
 
 
 async def allocated_device(cluster: LocalCluster, pod: Mapping[str, Any]) -> str:
