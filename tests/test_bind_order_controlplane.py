@@ -5,6 +5,7 @@ cycle (docs/scheduler.md, "Bind and the node lock", step 2). On the real control
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from _sched_helpers import (
     FakeClock,
@@ -24,6 +25,19 @@ from hami.protocol import keys
 from hami.testkit.cluster import poll
 
 
+async def placed_behind_a_holder(
+    kube: Kube, role: Any, namespace: str, name: str, fake: FakeClock, pod_name: str
+) -> dict[str, Any]:
+    """A live pod bound to ``name`` holding its lock, and a new pod filter placed there."""
+    await poll(lambda: name in role.scheduler.cluster.nodes)
+    await bound_holder(kube, namespace, name, fake)
+    await poll(lambda: role.scheduler.locks.parsed.get(name) is not None)
+    pod = await create_pod(kube, namespace, gpu_pod(pod_name, mem=100))
+    answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": [name]})
+    assert answer["NodeNames"] == [name]
+    return pod
+
+
 async def test_the_decision_is_written_while_the_bind_waits_for_the_lock(
     kube: Kube, namespace: str
 ) -> None:
@@ -34,12 +48,7 @@ async def test_the_decision_is_written_while_the_bind_waits_for_the_lock(
     (name,) = await nodes(kube, unique("bo"), 1)
     try:
         async with running_scheduler(kube, fake, cfg) as role:
-            await poll(lambda: name in role.scheduler.cluster.nodes)
-            await bound_holder(kube, namespace, name, fake)
-            await poll(lambda: role.scheduler.locks.parsed.get(name) is not None)
-            pod = await create_pod(kube, namespace, gpu_pod("next", mem=100))
-            answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": [name]})
-            assert answer["NodeNames"] == [name]
+            pod = await placed_behind_a_holder(kube, role, namespace, name, fake, "next")
             bind = asyncio.create_task(post(f"{role.url}/bind", binding(pod, name)))
 
             async def decided() -> bool:
@@ -78,11 +87,7 @@ async def test_a_bind_that_never_gets_the_lock_marks_its_written_decision_failed
     (name,) = await nodes(kube, unique("bf"), 1)
     try:
         async with running_scheduler(kube, fake, cfg) as role:
-            await poll(lambda: name in role.scheduler.cluster.nodes)
-            await bound_holder(kube, namespace, name, fake)
-            pod = await create_pod(kube, namespace, gpu_pod("late", mem=100))
-            answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": [name]})
-            assert answer["NodeNames"] == [name]
+            pod = await placed_behind_a_holder(kube, role, namespace, name, fake, "late")
             answer = await post(f"{role.url}/bind", binding(pod, name))
             assert f"locked by pod {namespace}/holder" in answer["Error"]
             seen = await kube.get_pod(namespace, "late")
