@@ -626,3 +626,34 @@ def test_a_node_states_placements_do_not_depend_on_its_device_order() -> None:
     assert listed is not None and len(listed) == 3
     assert listed == twin
     assert [p[0] for p in listed] == sorted(p[0] for p in listed if p[0] is not None)
+
+
+def test_prefill_fills_the_rows_a_change_of_weights_left_stale() -> None:
+    """After a change of weights every node's row is stale; the scheduler fills them
+    ahead while idle (``Cluster.prefill_defrag``, a slice at a time), so the next
+    decision fills none on the request path, and its costs are those a policy with
+    nothing cached works out."""
+    cluster = cluster_with(*((f"n{i}", 2) for i in range(6)))
+    for i in range(6):
+        cluster.set_node_room(f"n{i}", 4000 << i, 8192 << i)
+    for cores in (20, 50):
+        cluster.defrag.shapes.observe(defrag.Shape("nvidia", 1, cores, 0, cores, (), (), 500, 1024))
+    cluster.defrag.shapes.force_reweigh()
+    assert place(cluster, share("first", 30), (1000, 2048)) is not None
+    request = parse_pod(share("p", 20), [NVIDIA])
+    assert request is not None
+    cluster.weigh(request, None, (1000, 2048), observe=False)  # weighed lately: remembered
+    assert cluster.prefill_defrag(100) is False  # nothing stale
+    generation = cluster.defrag.shapes.generation
+    cluster.defrag.shapes.observe(defrag.Shape("nvidia", 1, 70, 0, 70, (), (), 2000, 4096))
+    cluster.defrag.shapes.force_reweigh()
+    assert cluster.defrag.shapes.generation != generation
+    assert cluster.prefill_defrag(4) is True  # 6 nodes, 2 requests weighed: rows left
+    while cluster.prefill_defrag(4):
+        pass
+    filled = cluster.defrag.filled
+    free_by_model = dict(cluster.defrag.free_by_model)
+    costs = cluster.weigh(request, None, (1000, 2048), observe=False)
+    assert cluster.defrag.filled == filled  # every row was there already
+    assert costs == uncached_costs(cluster, request, (1000, 2048), free_by_model)
+    assert cluster.prefill_defrag(100) is False

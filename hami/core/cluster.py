@@ -383,6 +383,12 @@ class Cluster:
         self.summaries.sync(self.nodes)
         self.summaries.prepare()
 
+    def prefill_defrag(self, rows: int) -> bool:
+        """Fill up to ``rows`` of the ``defrag`` policy's stale rows ahead of decisions
+        (``DefragPolicy.prefill``, over the nodes decisions weigh); True while some are
+        left."""
+        return self.defrag.prefill(self._indexed, rows)
+
     def set_node_room(self, name: str, free_cpu_milli: int, free_memory_mib: int) -> None:
         """The node's CPU and memory not requested by its pods (what the ``defrag``
         policy weighs besides devices; unknown nodes count as having room)."""

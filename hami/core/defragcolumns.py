@@ -45,6 +45,7 @@ class NodeColumns:
         self.known: npt.NDArray[np.bool_] = np.zeros(0, dtype=np.bool_)
         self.starved_before: Floats = np.zeros(0)
         self.neg_util: Floats = np.zeros(0)
+        self.live: npt.NDArray[np.bool_] = np.zeros(0, dtype=np.bool_)  # a node has the slot
         self._grow(_FIRST_CAPACITY)
 
     def _grow(self, capacity: int) -> None:
@@ -57,6 +58,7 @@ class NodeColumns:
         self.known = _grown(self.known, capacity, False)
         self.starved_before = _grown(self.starved_before, capacity, 0.0)
         self.neg_util = _grown(self.neg_util, capacity, 0.0)
+        self.live = _grown(self.live, capacity, False)
         self.name_of.extend([None] * (capacity - self.capacity))
         self.capacity = capacity
 
@@ -73,6 +75,7 @@ class NodeColumns:
                 self._grow(2 * self.capacity)
         self.slot_of[name] = slot
         self.name_of[slot] = name
+        self.live[slot] = True
         return slot
 
     def remove(self, name: str) -> None:
@@ -80,6 +83,7 @@ class NodeColumns:
         if slot is not None:
             self.stamp[slot] += 1  # what was kept for the slot is not its next node's
             self.name_of[slot] = None
+            self.live[slot] = False
             self._free_slots.append(slot)
 
     def changed(self, name: str) -> None:

@@ -33,6 +33,7 @@ MAX_OPTIONS = 20_000  # node states with their placements kept (a few KiB each)
 MAX_PLACEMENTS = 50_000
 # rows of per-request columns (``AskColumns``, ~40 bytes each) kept before starting over
 MAX_CELLS = 1_000_000
+MAX_PREFILLED = 16  # latest distinct requests whose rows ``prefill`` fills ahead
 
 
 class NodeLike(Protocol):
@@ -98,6 +99,7 @@ class DefragPolicy:
         self._placements_of: dict[Hashable, dict[tuple[defrag.DeviceKey, ...], _Placements]] = {}
         self._answers_generation = -1
         self._epoch = 0  # one more each time the key numbers start over
+        self._prefilled = -1  # the epoch whose rows ``prefill`` has filled
         # per node, what a decision reads of it, as arrays: its node columns, and per
         # request what is asked -> its columns for that request
         self.columns = NodeColumns()
@@ -106,6 +108,9 @@ class DefragPolicy:
         # device models by number (the per-request columns keep the number)
         self._model_ids: dict[str, int] = {}
         self._models: list[str] = []
+        # what is asked -> (request, device policy, the single share) of the latest
+        # cacheable requests weighed, oldest first (``prefill``)
+        self._recent: dict[Hashable, tuple[PodRequest, str, DeviceRequest | None]] = {}
         # models with free cores -> (weight, the models each window shape takes), for
         # ``pressure``; per window generation
         self._accepted: dict[tuple[str, ...], list[tuple[float, tuple[str, ...]]]] = {}
@@ -353,12 +358,8 @@ class DefragPolicy:
             if sum(len(p) for p in self._placements_of.values()) > MAX_PLACEMENTS:
                 self._placements_of.clear()  # memory: worked out again when needed
             placements = self._placements_of.setdefault(asked, {})
-            found = self._tables.get(asked)
-            if found is None:
-                if (len(self._tables) + 1) * columns.capacity > MAX_CELLS:
-                    self._tables.clear()  # memory: rows are filled again when needed
-                found = self._tables[asked] = AskColumns(columns.capacity)
-            table = found
+            table = self._table(asked)
+            self._remember(asked, request, device_policy, share)
         else:
             table = AskColumns(columns.capacity)  # the nodes' own answers, for this pod only
         # the pressure term per device model: constant through one decision, from the
@@ -477,6 +478,59 @@ class DefragPolicy:
         costs = cost[where]
         tied = [ranked(i) for i in where[costs == costs.min()].tolist()]
         return min(tied, key=lambda entry: entry[:3]), looked
+
+    def _table(self, asked: Hashable) -> AskColumns:
+        found = self._tables.get(asked)
+        if found is None:
+            if (len(self._tables) + 1) * self.columns.capacity > MAX_CELLS:
+                self._tables.clear()  # memory: rows are filled again when needed
+            found = self._tables[asked] = AskColumns(self.columns.capacity)
+        return found
+
+    def _remember(
+        self, asked: Hashable, request: PodRequest, device_policy: str, share: DeviceRequest | None
+    ) -> None:
+        """Keep the latest requests weighed (``prefill`` fills their rows ahead)."""
+        recent = self._recent
+        recent.pop(asked, None)
+        recent[asked] = (request, device_policy, share)
+        if len(recent) > MAX_PREFILLED:
+            del recent[next(iter(recent))]
+
+    def prefill(self, nodes: Mapping[str, NodeLike], rows: int) -> bool:
+        """Fill up to ``rows`` stale rows of the requests weighed lately, for the nodes in
+        ``nodes``; True while some are left. After a change of weights every row is
+        stale, and the decisions that follow would fill them on the request path (the
+        next few hundred at 5,000 nodes); the scheduler role calls this while idle. Once
+        a pass finds nothing left, it does nothing until the weights change again (a
+        node that changes is filled again by the next decision that weighs it)."""
+        self._check_generation()
+        if self._prefilled == self._epoch:
+            return False
+        columns = self.columns
+        name_of = columns.name_of
+        for asked, (request, device_policy, share) in list(self._recent.items()):
+            table = self._table(asked)
+            table.grow(columns.capacity)
+            stale = np.flatnonzero((table.built != columns.stamp) & columns.live)
+            if not len(stale):
+                continue
+            answers = self._answers.setdefault(asked, {})
+            kept = (
+                self._options_of.setdefault(asked, {}),
+                self._placements_of.setdefault(asked, {}),
+            )
+            taken = _cores_of(request)
+            for slot in stale.tolist():
+                node = nodes.get(name_of[slot] or "")
+                if node is None:
+                    continue  # not a node decisions weigh now
+                if rows <= 0:
+                    return True
+                self._fill(slot, node, request, device_policy, share, taken, table, answers, kept)
+                rows -= 1
+        self._prefilled = self._epoch
+        return False
 
     def _fill(
         self,
