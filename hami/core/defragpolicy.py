@@ -352,11 +352,8 @@ class DefragPolicy:
         if cacheable:
             asked = _asked(request, device_policy)
             answers = self._answers.setdefault(asked, {})
-            if sum(len(o) for o in self._options_of.values()) > MAX_OPTIONS:
-                self._options_of.clear()  # memory: they are worked out again when needed
+            self._bound_caches()
             options = self._options_of.setdefault(asked, {})
-            if sum(len(p) for p in self._placements_of.values()) > MAX_PLACEMENTS:
-                self._placements_of.clear()  # memory: worked out again when needed
             placements = self._placements_of.setdefault(asked, {})
             table = self._table(asked)
             self._remember(asked, request, device_policy, share)
@@ -503,14 +500,25 @@ class DefragPolicy:
         stale, and the decisions that follow would fill them on the request path (the
         next few hundred at 5,000 nodes); the scheduler role calls this while idle. Once
         a pass finds nothing left, it does nothing until the weights change again (a
-        node that changes is filled again by the next decision that weighs it)."""
-        self._check_generation()
+        node that changes is filled again by the next decision that weighs it). It
+        keeps within the caches' bounds rather than start them over: it creates no
+        request's columns past ``MAX_CELLS`` and stops while the answers are past half
+        of ``MAX_ANSWERS``."""
+        if self._answers_generation != self.shapes.generation:
+            self._new_generation()
         if self._prefilled == self._epoch:
             return False
+        self._bound_caches()
         columns = self.columns
         name_of = columns.name_of
         for asked, (request, device_policy, share) in list(self._recent.items()):
-            table = self._table(asked)
+            if sum(len(a) for a in self._answers.values()) > MAX_ANSWERS // 2:
+                break  # more would start every cache over (``_check_generation``)
+            table = self._tables.get(asked)
+            if table is None:
+                if (len(self._tables) + 1) * columns.capacity > MAX_CELLS:
+                    continue  # no room: its first decision fills its rows
+                table = self._tables[asked] = AskColumns(columns.capacity)
             table.grow(columns.capacity)
             stale = np.flatnonzero((table.built != columns.stamp) & columns.live)
             if not len(stale):
@@ -531,6 +539,14 @@ class DefragPolicy:
                 rows -= 1
         self._prefilled = self._epoch
         return False
+
+    def _bound_caches(self) -> None:
+        """Memory: the node states' options and placements are worked out again when
+        needed once there are too many."""
+        if sum(len(o) for o in self._options_of.values()) > MAX_OPTIONS:
+            self._options_of.clear()
+        if sum(len(p) for p in self._placements_of.values()) > MAX_PLACEMENTS:
+            self._placements_of.clear()
 
     def _fill(
         self,
