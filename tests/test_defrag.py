@@ -657,3 +657,23 @@ def test_prefill_fills_the_rows_a_change_of_weights_left_stale() -> None:
     assert cluster.defrag.filled == filled  # every row was there already
     assert costs == uncached_costs(cluster, request, (1000, 2048), free_by_model)
     assert cluster.prefill_defrag(100) is False
+
+
+def test_prefill_never_starts_the_caches_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Near the answers' bound the background fill stops rather than push them past it
+    (which would start every cache over, and the fill again, in a loop)."""
+    from hami.core import defragpolicy
+
+    cluster = cluster_with(*((f"n{i}", i + 1) for i in range(6)))  # six node states
+    request = parse_pod(share("p", 20), [NVIDIA])
+    assert request is not None
+    cluster.weigh(request, None, (1000, 2048), observe=False)
+    cluster.defrag.shapes.observe(defrag.Shape("nvidia", 1, 70, 0, 70, (), (), 2000, 4096))
+    cluster.defrag.shapes.force_reweigh()
+    monkeypatch.setattr(defragpolicy, "MAX_ANSWERS", 4)
+    epochs = set()
+    for _ in range(10):  # one row a slice, as the role's task does 64
+        cluster.prefill_defrag(1)
+        epochs.add(cluster.defrag._epoch)
+    assert len(epochs) == 1  # one new generation for the new weights, no restart
+    assert sum(len(a) for a in cluster.defrag._answers.values()) == 3  # stopped past 4 // 2
