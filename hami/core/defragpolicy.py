@@ -349,20 +349,20 @@ class DefragPolicy:
         answers: dict[int, _Answer] = {}
         options: dict[int, _Options] = {}
         placements: dict[tuple[defrag.DeviceKey, ...], _Placements] = {}
+        found: AskColumns | None = None
         if cacheable:
             asked = _asked(request, device_policy)
-            answers = self._answers.setdefault(asked, {})
             self._bound_caches()
-            options = self._options_of.setdefault(asked, {})
-            placements = self._placements_of.setdefault(asked, {})
-            table = self._table(asked)
+            answers, (options, placements) = self._kept_for(asked)
+            found = self._table(asked, make_room=True)
             self._remember(asked, request, device_policy, share)
-        else:
-            table = AskColumns(columns.capacity)  # the nodes' own answers, for this pod only
+        # else: the nodes' own answers, in columns for this pod only
+        table = found if found is not None else AskColumns(columns.capacity)
+        taken = _cores_of(request)
         # the pressure term per device model: constant through one decision, from the
         # free cores counted before this decision's nodes are worked out
         press = self.pressure() if PRESSURE_WEIGHT else {}
-        scale = PRESSURE_WEIGHT * _cores_of(request)
+        scale = PRESSURE_WEIGHT * taken
         listed = names if isinstance(names, list) else list(names)
         slot_of = columns.slot_of
         slots = np.array([slot_of.get(name, -1) for name in listed], dtype=np.int64)
@@ -376,7 +376,6 @@ class DefragPolicy:
         known = slots.clip(0)
         stale = np.flatnonzero((table.built[known] != columns.stamp[known]) | (slots < 0))
         if len(stale):
-            taken = _cores_of(request)
             absent: list[int] = []
             for i in stale.tolist():
                 slot = int(slots[i])
@@ -476,13 +475,24 @@ class DefragPolicy:
         tied = [ranked(i) for i in where[costs == costs.min()].tolist()]
         return min(tied, key=lambda entry: entry[:3]), looked
 
-    def _table(self, asked: Hashable) -> AskColumns:
+    def _table(self, asked: Hashable, *, make_room: bool) -> AskColumns | None:
+        """The columns of what is asked, made if missing; past ``MAX_CELLS`` every
+        request's columns are dropped first (``make_room``), else None."""
         found = self._tables.get(asked)
         if found is None:
             if (len(self._tables) + 1) * self.columns.capacity > MAX_CELLS:
+                if not make_room:
+                    return None
                 self._tables.clear()  # memory: rows are filled again when needed
             found = self._tables[asked] = AskColumns(self.columns.capacity)
         return found
+
+    def _kept_for(self, asked: Hashable) -> tuple[dict[int, _Answer], _Kept]:
+        """The answers, node-state options and placements kept for what is asked."""
+        return self._answers.setdefault(asked, {}), (
+            self._options_of.setdefault(asked, {}),
+            self._placements_of.setdefault(asked, {}),
+        )
 
     def _remember(
         self, asked: Hashable, request: PodRequest, device_policy: str, share: DeviceRequest | None
@@ -514,20 +524,14 @@ class DefragPolicy:
         for asked, (request, device_policy, share) in list(self._recent.items()):
             if sum(len(a) for a in self._answers.values()) > MAX_ANSWERS // 2:
                 break  # more would start every cache over (``_check_generation``)
-            table = self._tables.get(asked)
+            table = self._table(asked, make_room=False)
             if table is None:
-                if (len(self._tables) + 1) * columns.capacity > MAX_CELLS:
-                    continue  # no room: its first decision fills its rows
-                table = self._tables[asked] = AskColumns(columns.capacity)
+                continue  # no room: its first decision fills its rows
             table.grow(columns.capacity)
             stale = np.flatnonzero((table.built != columns.stamp) & columns.live)
             if not len(stale):
                 continue
-            answers = self._answers.setdefault(asked, {})
-            kept = (
-                self._options_of.setdefault(asked, {}),
-                self._placements_of.setdefault(asked, {}),
-            )
+            answers, kept = self._kept_for(asked)
             taken = _cores_of(request)
             for slot in stale.tolist():
                 node = nodes.get(name_of[slot] or "")
