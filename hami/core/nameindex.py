@@ -15,7 +15,7 @@ name's value. Callers use it where that costs nothing worse than a wrong reason 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Collection
 
 import numpy as np
 import numpy.typing as npt
@@ -35,9 +35,6 @@ class NameIndex:
 
     def __len__(self) -> int:
         return len(self._values)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._values)
 
     def get(self, name: str) -> int | None:
         return self._values.get(name)
