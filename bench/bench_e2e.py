@@ -22,8 +22,11 @@ Parts (``--only`` picks some):
   kinds and the policies.
   Figures: pods bound/s ((pods - 1) / first to last bind), hami/alone ratio, failed
   binds (``hami_bind_total``), scheduler CPU per placed pod (the hami process's user +
-  system time over the round / pods). ``--background-load N`` runs N busy processes (a
-  CPU-bound loop each) beside every round: the figure on a machine with other work.
+  system time over the round / pods), and what the round cost the API server: its write
+  requests per bound pod by verb and resource (kube-apiserver's own
+  ``apiserver_request_total``, whoever sent them) and kube-apiserver + etcd CPU per pod.
+  ``--background-load N`` runs N busy processes (a CPU-bound loop each) beside every
+  round: the figure on a machine with other work.
 - ``one-node``: ``hami.testkit.LocalCluster`` with one node (node agent, fake backend,
   kubelet emulator): one pod alone, then ``--one-node-pods`` (10) one-slice pods created
   at once, timed from watch events; figures: the marginal cost of each extra pod and the
@@ -69,6 +72,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _apiserver as apiserver
 from _e2e_common import (
     ALONE_NAME,
     GPU_MEMORY,
@@ -269,6 +273,7 @@ async def throughput_round(
     watcher = asyncio.create_task(watch.run(version))
     failed_before = hami.failed_binds() if use_hami else 0
     cpu_before = hami.cpu_seconds()
+    api_before = await asyncio.to_thread(apiserver.snapshot, plane)
     cfg = kube_scheduler_config(use_hami, policy, hami.extender_port)
     started = time.monotonic()
     sched = await asyncio.to_thread(plane.start_scheduler, cfg, f"ks-{prefix}")
@@ -279,6 +284,7 @@ async def throughput_round(
     with contextlib.suppress(ValueError):
         plane.schedulers.remove(sched)
     await asyncio.gather(*list(watch.tasks), return_exceptions=True)
+    api_after = await asyncio.to_thread(apiserver.snapshot, plane)
     watcher.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await watcher
@@ -295,6 +301,11 @@ async def throughput_round(
         "until_all": (times[-1] - started) if times else float("nan"),
         "failed": failed,
         "cpu_ms_per_pod": cpu * 1000 / bound if (use_hami and bound) else float("nan"),
+        # every write the window saw (kube-scheduler's, hami's, the stand-in agent's)
+        "writes": apiserver.writes(api_before, api_after),
+        "api_cpu_ms_per_pod": (api_after.cpu_seconds - api_before.cpu_seconds) * 1000 / bound
+        if bound
+        else float("nan"),
         "window_s": finished - started,
     }
 
@@ -374,7 +385,13 @@ async def throughput_rounds(
                 f"  round {rnd + 1} {policy:7s} {mode:11s}: "
                 f"{result['bound']}/{args.pods} bound, {result['rate']:6.1f} pods/s, "
                 f"all in {result['until_all']:5.1f}s, failed binds {result['failed']}, "
-                f"cpu/pod {result['cpu_ms_per_pod']:5.1f} ms  ({load()})"
+                f"cpu/pod {result['cpu_ms_per_pod']:5.1f} ms, API server cpu/pod "
+                f"{result['api_cpu_ms_per_pod']:5.1f} ms  ({load()})"
+            )
+            written = sum(result["writes"].values()) / max(result["bound"], 1)
+            say(
+                f"    writes per pod {written:.2f}: "
+                f"{apiserver.per_pod(result['writes'], result['bound'])}"
             )
     return results
 
@@ -391,6 +408,17 @@ def throughput_summary(args: argparse.Namespace, count: int, results: Results) -
             f"pods/s, ratio {with_hami / alone:4.2f}x, failed binds {failed}, "
             f"hami cpu {cpu:5.1f} ms/pod"
         )
+        for mode in ("alone", "hami"):
+            rounds = results[(policy, mode)]
+            writes = statistics.median(
+                sum(r["writes"].values()) / max(r["bound"], 1) for r in rounds
+            )
+            api_cpu = statistics.median(r["api_cpu_ms_per_pod"] for r in rounds)
+            say(
+                f"  {policy:7s}: {mode:5s} API writes {writes:4.2f}/pod (the bench's pod "
+                f"creation before the window not counted), API server + etcd cpu "
+                f"{api_cpu:5.1f} ms/pod"
+            )
         if args.stuck:
             stuck = statistics.median(r["rate"] for r in results[(policy, "hami+stuck")])
             base = statistics.median(r["rate"] for r in results[(policy, "alone+stuck")])

@@ -171,6 +171,12 @@ class SchedulerConfig:
     # API writes per pod that kube-scheduler's own Scheduled Event already covers. Off:
     # only failures (aggregated) are written.
     success_events: bool = False
+    # The decision rides on the pod's Binding (its annotations are merged into the pod with
+    # nodeName, one write instead of two) where the bind holds the node lock and nothing
+    # stale must be deleted. Off: it is written on the pod when /bind comes, before the
+    # turn, so Go HAMi schedulers placing pods on the same nodes at the same time see it
+    # earlier (docs/scheduler.md "The bind").
+    decision_in_binding: bool = True
     # Under node_policy defrag: pods that ask for no device are routed to this scheduler
     # too (webhook) and placed where their CPU and memory strand the least GPU; needs the
     # extender called for every pod (kube-scheduler.yaml: no managedResources).

@@ -37,9 +37,17 @@ POD_MEMORY = 4000  # two fit, four are asked for
 NOBODY = "no-such-scheduler"  # kube-scheduler leaves the pods to the test's extender calls
 
 
-@pytest.fixture
-async def cluster(controlplane: ControlPlane) -> AsyncIterator[LocalCluster]:
-    async with LocalCluster(NODES, plane=controlplane, timing=Timing(bind_lock_wait=15.0)) as c:
+@pytest.fixture(params=[True, False], ids=["decision-in-binding", "decision-written-first"])
+async def cluster(
+    controlplane: ControlPlane, request: pytest.FixtureRequest
+) -> AsyncIterator[LocalCluster]:
+    """Both ways a bind fences (``scheduler.decision_in_binding``): the list of the node's
+    bound pods read after the lock, or its own decision write seen by its pod watch."""
+    c = LocalCluster(NODES, plane=controlplane, timing=Timing(bind_lock_wait=15.0))
+    c.cfg = dataclasses.replace(
+        c.cfg, scheduler=dataclasses.replace(c.cfg.scheduler, decision_in_binding=request.param)
+    )
+    async with c:
         yield c
 
 

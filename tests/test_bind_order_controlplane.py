@@ -1,6 +1,13 @@
-"""The bind writes the pod's decision before it waits for the node's turn and lock, so
+"""When the bind writes the pod's decision, on the real control plane (docs/scheduler.md,
+"Bind and the node lock").
+
+By default (``scheduler.decision_in_binding``) the decision rides on the Binding: the
+pod carries nothing of it until it is bound, a failed bind leaves it untouched, and the
+check after the lock counts the pods the API server has bound to the node even where this
+replica's pod watch has not shown them. With the setting off, or where the decision must
+delete a stale key, it is written before the bind waits for the node's turn and lock, so
 that write and the watch catching up with it are not part of each pod's serial lock
-cycle (docs/scheduler.md, "Bind and the node lock", step 2). On the real control plane."""
+cycle."""
 
 from __future__ import annotations
 
@@ -20,9 +27,11 @@ from _sched_helpers import (
 )
 from test_lock_stall_controlplane import bound_holder, nodes
 
-from hami.kube.client import Kube
-from hami.protocol import keys
+from hami.kube.client import Kube, pods_path
+from hami.protocol import ContainerDevice, encode_pod_devices, keys
 from hami.testkit.cluster import poll
+
+WRITTEN_FIRST = {"decision_in_binding": False}
 
 
 async def placed_behind_a_holder(
@@ -41,10 +50,11 @@ async def placed_behind_a_holder(
 async def test_the_decision_is_written_while_the_bind_waits_for_the_lock(
     kube: Kube, namespace: str
 ) -> None:
-    """A live pod holds the node's lock: the next pod's bind writes its decision on the
-    (unbound) pod at once, waits, and binds as soon as the holder's allocation ends."""
+    """With ``decision_in_binding: false``, a live pod holds the node's lock: the next
+    pod's bind writes its decision on the (unbound) pod at once, waits, and binds as soon
+    as the holder's allocation ends."""
     fake = FakeClock()
-    cfg = scheduler_config(bind_lock_wait="15s", allocation_timeout="60s")
+    cfg = scheduler_config(bind_lock_wait="15s", allocation_timeout="60s", **WRITTEN_FIRST)
     (name,) = await nodes(kube, unique("bo"), 1)
     try:
         async with running_scheduler(kube, fake, cfg) as role:
@@ -79,11 +89,11 @@ async def test_the_decision_is_written_while_the_bind_waits_for_the_lock(
 async def test_a_bind_that_never_gets_the_lock_marks_its_written_decision_failed(
     kube: Kube, namespace: str
 ) -> None:
-    """The decision is on the pod before the lock is tried: a bind that gives up waiting
-    for the lock marks it ``bind-phase: failed`` (no device stays held by an unbound
-    pod's decision), and leaves the holder's lock alone."""
+    """With ``decision_in_binding: false`` the decision is on the pod before the lock is
+    tried: a bind that gives up waiting for the lock marks it ``bind-phase: failed`` (no
+    device stays held by an unbound pod's decision), and leaves the holder's lock alone."""
     fake = FakeClock()
-    cfg = scheduler_config(bind_lock_wait="0.5s", allocation_timeout="60s")
+    cfg = scheduler_config(bind_lock_wait="0.5s", allocation_timeout="60s", **WRITTEN_FIRST)
     (name,) = await nodes(kube, unique("bf"), 1)
     try:
         async with running_scheduler(kube, fake, cfg) as role:
@@ -97,3 +107,217 @@ async def test_a_bind_that_never_gets_the_lock_marks_its_written_decision_failed
             assert node["metadata"]["annotations"][keys.NODE_LOCK].endswith(f",{namespace},holder")
     finally:
         await delete_nodes(kube, [name])
+
+
+async def _pod_events(kube: Kube, namespace: str, name: str, seen: list[dict[str, Any]]) -> None:
+    """Every version of pod ``name`` the API server's watch sends, in order."""
+    query = [("watch", "1"), ("fieldSelector", f"metadata.name={name}")]
+    async with kube.stream(pods_path(namespace), query=query) as events:
+        async for event in events:
+            seen.append(event.get("object") or {})
+
+
+async def test_the_binding_carries_the_decision_in_one_write(kube: Kube, namespace: str) -> None:
+    """By default the bind waits for the lock without touching the pod, and the pod gets
+    its decision, ``bind-time`` and ``bind-phase: allocating`` in the same version as its
+    ``spec.nodeName``: no version of the pod shows one without the other."""
+    fake = FakeClock()
+    cfg = scheduler_config(bind_lock_wait="15s", allocation_timeout="60s")
+    (name,) = await nodes(kube, unique("bc"), 1)
+    versions: list[dict[str, Any]] = []
+    try:
+        async with running_scheduler(kube, fake, cfg) as role:
+            pod = await placed_behind_a_holder(kube, role, namespace, name, fake, "next")
+            watcher = asyncio.create_task(_pod_events(kube, namespace, "next", versions))
+            bind = asyncio.create_task(post(f"{role.url}/bind", binding(pod, name)))
+            await asyncio.sleep(1.0)
+            assert not bind.done()
+            waiting = await kube.get_pod(namespace, "next")
+            assert waiting["metadata"]["resourceVersion"] == pod["metadata"]["resourceVersion"]
+            await kube.patch_pod_annotations(namespace, "holder", {keys.BIND_PHASE: "success"})
+            await kube.patch_node_annotations(name, {keys.NODE_LOCK: None})
+            assert await asyncio.wait_for(bind, 15) == {"Error": ""}
+            bound = await kube.get_pod(namespace, "next")
+            await poll(lambda: any(v["spec"].get("nodeName") for v in versions))
+            watcher.cancel()
+            notes = bound["metadata"]["annotations"]
+            assert bound["spec"]["nodeName"] == name
+            assert notes[keys.VGPU_NODE] == name
+            assert notes[keys.BIND_PHASE] == "allocating"
+            assert notes[keys.BIND_TIME].isdigit()
+            assert (
+                notes["hami.io/vgpu-devices-to-allocate"] == notes["hami.io/vgpu-devices-allocated"]
+            )
+            decided = [
+                v for v in versions if keys.VGPU_NODE in (v["metadata"].get("annotations") or {})
+            ]
+            assert decided and all(v["spec"].get("nodeName") == name for v in decided), versions
+            node = await kube.get_node(name)
+            assert node["metadata"]["annotations"][keys.NODE_LOCK].endswith(f",{namespace},next")
+    finally:
+        await delete_nodes(kube, [name])
+
+
+async def test_a_bind_that_never_gets_the_lock_leaves_the_pod_untouched(
+    kube: Kube, namespace: str
+) -> None:
+    """With the decision on the Binding, a bind that gives up waiting for the lock has
+    written nothing on the pod (nothing to mark failed) and leaves the holder's lock."""
+    fake = FakeClock()
+    cfg = scheduler_config(bind_lock_wait="0.5s", allocation_timeout="60s")
+    (name,) = await nodes(kube, unique("bu"), 1)
+    try:
+        async with running_scheduler(kube, fake, cfg) as role:
+            pod = await placed_behind_a_holder(kube, role, namespace, name, fake, "late")
+            answer = await post(f"{role.url}/bind", binding(pod, name))
+            assert f"locked by pod {namespace}/holder" in answer["Error"]
+            seen = await kube.get_pod(namespace, "late")
+            assert seen["metadata"]["resourceVersion"] == pod["metadata"]["resourceVersion"]
+            assert not seen["spec"].get("nodeName")
+            node = await kube.get_node(name)
+            assert node["metadata"]["annotations"][keys.NODE_LOCK].endswith(f",{namespace},holder")
+            assert f"{namespace}/late" not in role.scheduler.cluster.pods
+    finally:
+        await delete_nodes(kube, [name])
+
+
+async def test_the_check_counts_pods_bound_before_the_lock_that_the_watch_has_not_shown(
+    kube: Kube, namespace: str
+) -> None:
+    """Another scheduler bound a pod filling both devices (its Binding carried the
+    decision) and this replica's pod watch has not shown it yet: the list read after the
+    lock finds it and the bind is refused. (Without that read the pod would be bound past
+    the devices' memory.)"""
+    fake = FakeClock()
+    cfg = scheduler_config(bind_lock_wait="15s", allocation_timeout="60s")
+    (name,) = await nodes(kube, unique("bl"), 1)
+    try:
+        async with running_scheduler(kube, fake, cfg) as role:
+            await poll(lambda: name in role.scheduler.cluster.nodes)
+            cluster = role.scheduler.cluster
+            upsert = cluster.upsert_pod
+            hidden = f"{namespace}/other"
+
+            def lagging_watch(obj: Any, now: Any = None) -> list[str]:
+                # this replica's watch has not come to the other scheduler's pod yet
+                if f"{obj['metadata']['namespace']}/{obj['metadata']['name']}" == hidden:
+                    return []
+                return upsert(obj, now)
+
+            cluster.upsert_pod = lagging_watch  # type: ignore[method-assign]
+            pod = await create_pod(kube, namespace, gpu_pod("mine", mem=6000))
+            answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": [name]})
+            assert answer["NodeNames"] == [name]
+            other = await create_pod(kube, namespace, gpu_pod("other", count=2, mem=9000))
+            await kube.bind_pod(
+                namespace, "other", other["metadata"]["uid"], name, annotations=_filling(name, fake)
+            )
+            await asyncio.sleep(0.5)  # the watch had time to show it: it did not (hidden)
+            assert hidden not in cluster.pods
+            answer = await post(f"{role.url}/bind", binding(pod, name))
+            assert "not bound to node" in answer["Error"], answer
+            assert "would hold" in answer["Error"], answer
+            seen = await kube.get_pod(namespace, "mine")
+            assert not seen["spec"].get("nodeName")
+    finally:
+        await delete_nodes(kube, [name])
+
+
+async def test_a_decision_that_deletes_a_stale_key_is_written_before_the_binding(
+    kube: Kube, namespace: str
+) -> None:
+    """A pod still carrying a key of an earlier decision that this one does not use (a
+    MIG reservation here): a Binding cannot delete it, so the decision is written first
+    (deleting it) and the pod is bound without it."""
+    fake = FakeClock()
+    cfg = scheduler_config(bind_lock_wait="15s", allocation_timeout="60s")
+    (name,) = await nodes(kube, unique("bs"), 1)
+    try:
+        async with running_scheduler(kube, fake, cfg) as role:
+            await poll(lambda: name in role.scheduler.cluster.nodes)
+            stale = {keys.MIG_ALLOCATIONS: "GPU-gone-0,1g.10gb,0:;", keys.BIND_PHASE: "failed"}
+            pod = await create_pod(kube, namespace, gpu_pod("again", mem=100, annotations=stale))
+            answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": [name]})
+            assert answer["NodeNames"] == [name]
+            assert await post(f"{role.url}/bind", binding(pod, name)) == {"Error": ""}
+            bound = await kube.get_pod(namespace, "again")
+            notes = bound["metadata"]["annotations"]
+            assert bound["spec"]["nodeName"] == name
+            assert keys.MIG_ALLOCATIONS not in notes
+            assert notes[keys.BIND_PHASE] == "allocating"
+    finally:
+        await delete_nodes(kube, [name])
+
+
+async def test_a_lock_taken_by_another_scheduler_since_the_last_check_brings_the_list_back(
+    kube: Kube, namespace: str
+) -> None:
+    """After a check of its own on a node, a bind skips the list while every later lock
+    holder is in its picture. Another scheduler then locks the node, binds a pod filling
+    both devices and releases the lock, and this replica's pod watch has not shown that
+    pod: the Node watch showed its lock, so the next bind lists the node's pods again and
+    is refused. (Were the holders not followed, it would be bound past the memory.)"""
+    fake = FakeClock()
+    cfg = scheduler_config(bind_lock_wait="15s", allocation_timeout="60s")
+    (name,) = await nodes(kube, unique("bh"), 1)
+    try:
+        async with running_scheduler(kube, fake, cfg) as role:
+            await poll(lambda: name in role.scheduler.cluster.nodes)
+            cluster = role.scheduler.cluster
+            locks = role.scheduler.locks
+            first = await create_pod(kube, namespace, gpu_pod("first", mem=100))
+            answer = await post(f"{role.url}/filter", {"Pod": first, "NodeNames": [name]})
+            assert answer["NodeNames"] == [name]
+            assert await post(f"{role.url}/bind", binding(first, name)) == {"Error": ""}
+            assert locks.holders[name][0] == f"{namespace}/first"
+            # its node agent: allocation done, lock released
+            await kube.patch_pod_annotations(namespace, "first", {keys.BIND_PHASE: "success"})
+            await kube.patch_node_annotations(name, {keys.NODE_LOCK: None})
+            await poll(lambda: locks.parsed.get(name) is None)
+
+            upsert = cluster.upsert_pod
+            hidden = f"{namespace}/other"
+
+            def lagging_watch(obj: Any, now: Any = None) -> list[str]:
+                if f"{obj['metadata']['namespace']}/{obj['metadata']['name']}" == hidden:
+                    return []
+                return upsert(obj, now)
+
+            cluster.upsert_pod = lagging_watch  # type: ignore[method-assign]
+            mine = await create_pod(kube, namespace, gpu_pod("mine", mem=6000))
+            answer = await post(f"{role.url}/filter", {"Pod": mine, "NodeNames": [name]})
+            assert answer["NodeNames"] == [name]
+            # the other scheduler: its lock, its Binding with the decision, its release
+            other = await create_pod(kube, namespace, gpu_pod("other", count=2, mem=9000))
+            lock = f"{fake.now():%Y-%m-%dT%H:%M:%SZ},{namespace},other"
+            await kube.patch_node_annotations(name, {keys.NODE_LOCK: lock})
+            await kube.bind_pod(
+                namespace, "other", other["metadata"]["uid"], name, annotations=_filling(name, fake)
+            )
+            await kube.patch_node_annotations(name, {keys.NODE_LOCK: None})
+            await poll(lambda: hidden in locks.holders.get(name, []))
+            await poll(lambda: locks.parsed.get(name) is None)
+            answer = await post(f"{role.url}/bind", binding(mine, name))
+            assert "would hold" in answer["Error"], answer
+            assert not (await kube.get_pod(namespace, "mine"))["spec"].get("nodeName")
+    finally:
+        await delete_nodes(kube, [name])
+
+
+def _filling(name: str, fake: FakeClock) -> dict[str, str]:
+    """A decision taking 9000 MiB of each of the node's two devices, as a Binding's."""
+    full = encode_pod_devices(
+        [
+            [
+                ContainerDevice(f"GPU-{name}-0", "NVIDIA", 9000, 0),
+                ContainerDevice(f"GPU-{name}-1", "NVIDIA", 9000, 0),
+            ]
+        ]
+    )
+    return {
+        keys.VGPU_NODE: name,
+        keys.VGPU_TIME: str(int(fake.now().timestamp())),
+        "hami.io/vgpu-devices-allocated": full,
+        "hami.io/vgpu-devices-to-allocate": full,
+        keys.BIND_PHASE: "allocating",
+    }

@@ -15,6 +15,7 @@ from _sched_helpers import (
     post,
     register,
     running_scheduler,
+    scheduler_config,
     unique,
 )
 
@@ -42,13 +43,15 @@ async def one_node(kube: Kube, prefix: str) -> str:
     return name
 
 
+@pytest.mark.parametrize("in_binding", [True, False], ids=["in-binding", "written-first"])
 async def test_filter_sends_nothing_and_bind_writes_the_pod_once(
-    kube: Kube, namespace: str
+    kube: Kube, namespace: str, in_binding: bool
 ) -> None:
     counting = CountingKube(kube)
     name = await one_node(kube, "io")
+    cfg = scheduler_config(decision_in_binding=in_binding)
     try:
-        async with running_scheduler(counting, FakeClock()) as role:
+        async with running_scheduler(counting, FakeClock(), cfg) as role:
             await poll(lambda: name in role.scheduler.cluster.nodes)
             pod = await create_pod(kube, namespace, gpu_pod("p", mem=3000))
             mark = len(counting.requests)
@@ -62,19 +65,41 @@ async def test_filter_sends_nothing_and_bind_writes_the_pod_once(
             assert await post(f"{role.url}/bind", binding(pod, name)) == {"Error": ""}
             pod_path = f"/api/v1/namespaces/{namespace}/pods/p"
             sent = counting.since(mark)
-            # one pod write (the decision, before the node's turn), the lock (at the
-            # watch's resourceVersion: no read of the Node), the Binding
-            assert sent == [
-                ("PATCH", pod_path),
-                ("PATCH", f"/api/v1/nodes/{name}"),
-                ("POST", f"{pod_path}/binding"),
-            ]
+            if in_binding:
+                # the lock (at the watch's resourceVersion: no read of the Node), the list
+                # of the pods bound to the node, the Binding carrying the decision
+                assert sent == [
+                    ("PATCH", f"/api/v1/nodes/{name}"),
+                    ("GET", "/api/v1/pods"),
+                    ("POST", f"{pod_path}/binding"),
+                ]
+            else:
+                # one pod write (the decision, before the node's turn), the lock, the Binding
+                assert sent == [
+                    ("PATCH", pod_path),
+                    ("PATCH", f"/api/v1/nodes/{name}"),
+                    ("POST", f"{pod_path}/binding"),
+                ]
             ann = (await kube.get_pod(namespace, "p"))["metadata"]["annotations"]
             device = f"GPU-{name}-0,NVIDIA,3000,0:;"
             assert ann[keys.VGPU_NODE] == name
             assert ann[ALLOCATED] == ann[TO_ALLOCATE] == device
             assert ann[keys.BIND_PHASE] == "allocating"
             assert ann[keys.BIND_TIME] == ann[keys.VGPU_TIME]
+            if not in_binding:
+                return
+            # the next pod on the node, after the node agent released the lock: every
+            # holder since the last check is in the picture, so no list is read
+            await kube.patch_node_annotations(name, {keys.NODE_LOCK: None})
+            await poll(lambda: name not in role.scheduler.locks.parsed)
+            second = await create_pod(kube, namespace, gpu_pod("q", mem=3000))
+            await post(f"{role.url}/filter", {"Pod": second, "NodeNames": [name]})
+            mark = len(counting.requests)
+            assert await post(f"{role.url}/bind", binding(second, name)) == {"Error": ""}
+            assert counting.since(mark) == [
+                ("PATCH", f"/api/v1/nodes/{name}"),
+                ("POST", f"/api/v1/namespaces/{namespace}/pods/q/binding"),
+            ]
     finally:
         await delete_nodes(kube, [name])
 
@@ -187,10 +212,12 @@ async def test_a_restart_between_filter_and_bind_loses_the_reservation_only(
 async def test_a_failed_binding_marks_the_pod_failed_unless_it_changed_since(
     kube: Kube, namespace: str
 ) -> None:
+    """With the decision written first (``decision_in_binding: false``)."""
     name = await one_node(kube, "un")
     key = f"{namespace}/p"
+    cfg = scheduler_config(decision_in_binding=False)
     try:
-        async with running_scheduler(kube, FakeClock()) as role:
+        async with running_scheduler(kube, FakeClock(), cfg) as role:
             cluster = role.scheduler.cluster
             await poll(lambda: name in cluster.nodes)
             pod = await create_pod(kube, namespace, gpu_pod("p", mem=3000))
@@ -218,6 +245,53 @@ async def test_a_failed_binding_marks_the_pod_failed_unless_it_changed_since(
             assert stored["metadata"]["annotations"][keys.BIND_PHASE] == "allocating"
             node = await kube.get_node(name)
             assert node["metadata"]["annotations"][keys.NODE_LOCK].endswith(f",{namespace},p")
+    finally:
+        await delete_nodes(kube, [name])
+
+
+async def test_a_failed_binding_carrying_the_decision_leaves_the_pod_untouched(
+    kube: Kube, namespace: str
+) -> None:
+    """The Binding carries the decision: one the API server refuses wrote nothing, so the
+    pod is left as it was and the lock released. After a Binding that got no answer the
+    undo reads the pod: bound (the Binding went through), its lock stays for its Allocate;
+    unbound, the lock is released."""
+    name = await one_node(kube, "uc")
+    key = f"{namespace}/p"
+    try:
+        async with running_scheduler(kube, FakeClock()) as role:
+            cluster = role.scheduler.cluster
+            await poll(lambda: name in cluster.nodes)
+            pod = await create_pod(kube, namespace, gpu_pod("p", mem=3000))
+            await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": [name]})
+            wrong = {**binding(pod, name), "PodUID": "not-this-pod"}
+            answer = await post(f"{role.url}/bind", wrong)
+            assert "creating the Binding" in answer["Error"], answer
+            stored = await kube.get_pod(namespace, "p")
+            assert stored["metadata"]["resourceVersion"] == pod["metadata"]["resourceVersion"]
+            node = await kube.get_node(name)
+            assert keys.NODE_LOCK not in (node["metadata"].get("annotations") or {})
+            assert key not in cluster.reservations
+
+            async def lock_of(node_name: str) -> str | None:
+                current = await kube.get_node(node_name)
+                return (current["metadata"].get("annotations") or {}).get(keys.NODE_LOCK)
+
+            # a Binding without answer on a pod still unbound: the lock is given back
+            await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": [name]})
+            record = cluster.pods[key]
+            lock = f"2024-05-20T10:00:00Z,{namespace},p"
+            await kube.patch_node_annotations(name, {keys.NODE_LOCK: lock})
+            await role.scheduler.binder.undo(namespace, "p", name, record, None, unsure=True)
+            assert await lock_of(name) is None
+            # one that went through: the pod is bound, its lock stays
+            await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": [name]})
+            record = cluster.pods[key]
+            assert await post(f"{role.url}/bind", binding(pod, name)) == {"Error": ""}
+            await role.scheduler.binder.undo(namespace, "p", name, record, None, unsure=True)
+            assert (await lock_of(name) or "").endswith(f",{namespace},p")
+            stored = await kube.get_pod(namespace, "p")
+            assert stored["metadata"]["annotations"][keys.BIND_PHASE] == "allocating"
     finally:
         await delete_nodes(kube, [name])
 

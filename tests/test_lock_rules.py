@@ -253,3 +253,62 @@ def test_any_lock_on_a_node_passes_the_watch_and_the_sweep(
         await scheduler.release_stale_locks()
 
     asyncio.run(run())
+
+
+# ------------------------------------------------------------------ the release on its way
+
+
+def test_a_holder_whose_allocation_ended_is_waited_on_for_its_release() -> None:
+    """Its node agent wrote ``success`` and releases the lock next: within the grace the
+    lock still blocks (a write over it would race the release into a 409); after it, or
+    without a grace (the sweep, the node agent), it is taken over as before."""
+    ticks = [100.0]
+    lock = NodeLock(NOW, "ns", "a").encode()
+    scheduler = Scheduler(
+        SchedulerConfig(),
+        [],
+        StubKube(None, holder(phase="success")),  # type: ignore[arg-type]
+        clock=Clock(now=lambda: NOW, monotonic=lambda: ticks[0]),
+        emit_events=False,
+    )
+    locks = scheduler.locks
+
+    def judged(grace: float) -> NodeLock | None:
+        return asyncio.run(locks.live_holder(lock, NODE, "ns", "me", release_grace=grace))
+
+    assert judged(0.0) is None
+    assert judged(1.0) is not None
+    ticks[0] += 0.9
+    assert judged(1.0) is not None
+    ticks[0] += 0.2
+    assert judged(1.0) is None  # no release came: taken over
+    # a change of the lock on that node starts the grace again for the next value
+    assert locks.node_seen(NODE, "8", lock, None)
+    assert judged(1.0) is not None
+
+
+def test_the_holders_since_the_last_check_follow_the_node_watch() -> None:
+    """What lets a bind skip its list of the node's pods: the lock holders the Node watch
+    showed since this replica's last check; unknown again after a relist, a node removed,
+    or a lock naming no pod."""
+    scheduler = _scheduler(StubKube(None, None), NOW)
+    locks = scheduler.locks
+    first = NodeLock(NOW, "ns", "a").encode()
+    second = NodeLock(NOW, "ns", "b").encode()
+    assert locks.node_seen(NODE, "1", None, first)
+    assert NODE not in locks.holders  # no check yet: not known
+    locks.checked(NODE, "ns/a")
+    assert locks.node_seen(NODE, "2", first, None)
+    assert locks.node_seen(NODE, "3", None, second)
+    assert locks.holders[NODE] == ["ns/a", "ns/b"]
+    locks.lost_track()
+    assert NODE not in locks.holders
+    locks.checked(NODE, "ns/b")
+    assert locks.node_seen(NODE, "4", second, f"{stamp(NOW)}")  # the legacy owner-less form
+    assert NODE not in locks.holders
+    locks.checked(NODE, "ns/c")
+    assert locks.node_seen(NODE, "5", None, "not a lock")
+    assert NODE not in locks.holders
+    locks.checked(NODE, "ns/c")
+    locks.forget(NODE)
+    assert NODE not in locks.holders

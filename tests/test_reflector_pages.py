@@ -179,6 +179,24 @@ async def test_an_error_mid_list_deletes_nothing_until_a_complete_list() -> None
     assert store.events == ["MODIFIED b", "DELETED a"]  # b not repeated
 
 
+async def test_the_after_list_hook_follows_every_complete_list_and_no_failed_one() -> None:
+    """The scheduler forgets its node locks' history there: a relist folds the changes
+    since the watch's last event into one."""
+    kube, store = FakeKube(), Store()
+    lists: list[dict[str, str]] = []
+    refl = _reflector(kube, store, after_list=lambda: lists.append(dict(store.objects)))
+    kube.lists.append([[_node("a", "1")], [_node("b", "1")]])
+    await _listed(refl)
+    assert lists == [{"a": "1", "b": "1"}]  # after the whole list was handed over
+    kube.lists.append([[_node("a", "2")], KubeError(500, "boom", "failed", "/api/v1/nodes")])
+    with pytest.raises(KubeError):
+        await _listed(refl)
+    assert len(lists) == 1
+    kube.lists.append([[_node("a", "3")]])
+    await _listed(refl)
+    assert lists[-1] == {"a": "3"}
+
+
 async def test_an_expired_continue_restarts_the_list_from_scratch() -> None:
     """run() lists again after a 410 on ``continue``; the restarted list's ``seen`` is
     fresh, so an object only the broken list had seen is still deleted."""

@@ -283,19 +283,23 @@ class Kube:
         node: str,
         *,
         resource_version: str | None = None,
+        annotations: Mapping[str, str] | None = None,
         request_timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         """Create the pod's Binding to ``node`` (what kube-scheduler's default binder does).
 
         With ``resource_version`` the API server binds only the pod at that version (it
         answers 409 Conflict otherwise): the pod is bound with exactly the annotations the
-        caller saw."""
+        caller saw. ``annotations`` are merged into the pod's in the same write (the API
+        server adds or overwrites them with ``spec.nodeName``; it never deletes one)."""
         body: JSON = {
             "apiVersion": "v1",
             "kind": "Binding",
             "metadata": {"name": name, "namespace": namespace},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
+        if annotations:
+            body["metadata"]["annotations"] = dict(annotations)
         if uid:
             body["metadata"]["uid"] = uid
         if resource_version:

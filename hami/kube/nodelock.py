@@ -76,6 +76,8 @@ class HolderVerdict:
     stale: bool
     reason: str  # why it is stale, "" when held
     fail_holder: bool = False  # the pod lost its Allocate: mark it bind-phase failed
+    # stale because the pod's allocation ended: its node agent releases the lock next
+    ended: bool = False
 
 
 def judge_value(
@@ -130,7 +132,8 @@ def judge_holder(
         return HolderVerdict(True, f"its pod finished ({phase})")
     moved = _moved_on(pod, node)
     if moved:
-        return HolderVerdict(True, moved)
+        ended = annotations_of(pod).get(keys.BIND_PHASE) in _ENDED
+        return HolderVerdict(True, moved, ended=ended)
     bound = (pod.get("spec") or {}).get("nodeName") == node
     if (
         not bound

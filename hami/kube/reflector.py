@@ -54,6 +54,7 @@ class Reflector:
         page_size: int = PAGE_SIZE,
         clock: Callable[[], float] = time.monotonic,
         after_initial_page: Callable[[], None] | None = None,
+        after_list: Callable[[], None] | None = None,
     ) -> None:
         self.kube = kube
         self.path = path  # e.g. /api/v1/pods, /api/v1/nodes
@@ -70,6 +71,9 @@ class Reflector:
         # Called after each page of the lists before the first complete one, the page
         # already dropped: the scheduler freezes the state built so far there.
         self.after_initial_page = after_initial_page
+        # Called after every complete list: the changes between the watch's last event and
+        # the list's snapshot were folded into one (the node locks' history restarts).
+        self.after_list = after_list
         # When the stream last broke; None while a watch is open (or before any failure).
         self._broken_since: float | None = None
         self._log = log.get(__name__).bind(reflector=name)
@@ -148,6 +152,8 @@ class Reflector:
                 meta["namespace"] = namespace
             self._deliver("DELETED", {"metadata": meta})
         self.resource_version = version
+        if self.after_list is not None:
+            self.after_list()
         self.synced.set()
 
     def _listed(self, items: list[JSON], seen: set[str]) -> None:

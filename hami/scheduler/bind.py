@@ -9,12 +9,21 @@ One pod's way, after filter reserved its devices in memory (``hami.scheduler.ser
    locks Go takes for its types instead (``DeviceKind.vendor_lock``: Cambricon's
    ``cambricon.com/dsmlu.lock``, ``hami.scheduler.vendorlock``);
 3. write the decision, ``bind-time`` and ``bind-phase: allocating`` in one pod write,
-   guarded by the resourceVersion filter saw;
+   guarded by the resourceVersion filter saw (done first, before the turn);
 4. wait until this replica's pod watch shows that write: watch events come in
    resourceVersion order, so every decision written before it, by any replica, is then
    in the picture;
 5. check again that the decision fits (``hami.core.fence``) and create the Binding at the
    resourceVersion checked: the API server binds only the pod exactly as checked.
+
+Where the bind holds the node lock and its decision deletes nothing
+(``scheduler.decision_in_binding``), steps 3 and 4 give way to one read: after the lock,
+the pods bound to the node are listed from the API server (a consistent read). Every bind
+that held the lock before ours bound its pod before the lock was released, so the list
+holds its decision even where our pod watch does not yet; the check counts those too, and
+the Binding carries the decision's annotations, which the API server merges into the pod
+in the same write as ``spec.nodeName``. One pod write fewer, and a failed bind leaves the
+pod untouched.
 
 Every write of steps 2-5 passes ``_fence`` first: it refuses once this replica stops
 leading, once the node or its device type went away, once the bind ran past
@@ -32,7 +41,7 @@ import contextlib
 import enum
 import re
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hami import log
@@ -57,6 +66,11 @@ Json = dict[str, Any]
 # A bind waiting for a node lock reads the Node itself when the watch said nothing for
 # this long (a watch that fell behind must not stall binds until their deadline).
 LOCK_POLL_SECONDS = 2.0
+# A lock whose pod's allocation has ended is waited on this long for its node agent's
+# release (which follows at once) before it is taken over: writing over it first only
+# races the release into a 409 Conflict and a read of the Node. A release that never
+# comes (the agent died after its pod write) costs the next bind LOCK_POLL_SECONDS.
+RELEASE_GRACE_SECONDS = 1.0
 # Pods filter let through (they ask for no device hami manages): /bind binds only those.
 PASSED_MEMORY = 4096
 _DIGITS = re.compile(r"^\d+$")
@@ -89,6 +103,11 @@ class Step(enum.Enum):
     LOCK = "node lock"
     DECISION = "decision"
     BINDING = "Binding"
+
+
+class BindingUnsure(BindError):
+    """A Binding carrying the decision got no answer (a timeout, a broken connection): the
+    pod may be bound with it, so its lock must not be released by the undo."""
 
 
 def newer_or_same(version: str, target: str) -> bool:
@@ -233,32 +252,40 @@ class Binder:
         self.binding.add(key)  # its reservation must not expire while it waits
         written: str | None = None  # the pod's resourceVersion after our write
         taken: dict[str, str] = {}  # vendor lock -> the value this bind wrote
+        carried = self._rides_binding(record)
         try:
-            # The decision is written first, outside the node's turn: its write and the
-            # pod watch catching up with it overlap the wait for the turn and the lock,
-            # instead of adding two round trips to each pod's serial lock cycle. Node
-            # agents read only bound pods, so a decision on a pod not yet bound is seen
-            # by no Allocate (as with Go HAMi, whose filter writes it).
             self._fence(Step.DECISION, key, record, deadline)
-            answer = await self._write_decision(namespace, name, uid, record)
-            written = str(metadata_of(answer).get("resourceVersion") or "") or None
+            if not carried:
+                # The decision is written first, outside the node's turn: its write and
+                # the pod watch catching up with it overlap the wait for the turn and the
+                # lock, instead of adding two round trips to each pod's serial lock cycle.
+                # Node agents read only bound pods, so a decision on a pod not yet bound
+                # is seen by no Allocate (as with Go HAMi, whose filter writes it).
+                answer = await self._write_decision(namespace, name, uid, record)
+                written = str(metadata_of(answer).get("resourceVersion") or "") or None
             # One bind per node at a time; its turn ends with the Binding (the next one
             # then waits for the node agent to release the lock after Allocate).
             async with self.queue.turn(node, wait):
+                watched = False  # the lock was written at the version the Node watch showed
                 if self._needs_lock(record):
-                    await self._take_lock(node, namespace, name, record, deadline)
+                    watched = await self._take_lock(node, namespace, name, record, deadline)
                 for lock_key in self._vendor_locks(record):
                     taken[lock_key] = await self._take_vendor_lock(
                         node, key, lock_key, record, deadline
                     )
-                await self._bind_checked(namespace, name, uid, record, written, deadline)
+                if carried:
+                    await self._bind_carrying(namespace, name, uid, record, deadline, watched)
+                else:
+                    await self._bind_checked(namespace, name, uid, record, written, deadline)
         except AlreadyBound as exc:
             # what the pod holds is what its annotations say; nothing of it is ours to
             # undo (releasing its lock would let another pod allocate beside it)
             self.cluster.upsert_pod(exc.pod, self.clock.now())
             raise
         except BaseException as exc:
-            await self.undo(namespace, name, node, record, written)
+            await self.undo(
+                namespace, name, node, record, written, unsure=isinstance(exc, BindingUnsure)
+            )
             for lock_key, value in taken.items():
                 await self.vendor_locks.release(node, lock_key, value)
             if isinstance(exc, QueueTimeout):
@@ -278,7 +305,14 @@ class Binder:
     # ------------------------------------------------------------------ the fence
 
     def _fence(
-        self, step: Step, key: str, record: PodRecord, deadline: float, *, fit: bool = False
+        self,
+        step: Step,
+        key: str,
+        record: PodRecord,
+        deadline: float,
+        *,
+        fit: bool = False,
+        listed: Sequence[PodRecord] = (),
     ) -> None:
         """The one place that decides whether this bind may still make its next write."""
         node = record.node
@@ -295,7 +329,7 @@ class Binder:
                 "kube-scheduler retries the pod"
             )
         refusal = bind_refusal(
-            self.cluster, key, record, fit=fit, shadows=list(self.shadows.values())
+            self.cluster, key, record, fit=fit, shadows=[*self.shadows.values(), *listed]
         )
         if refusal is not None:
             raise BindError(
@@ -335,6 +369,127 @@ class Binder:
             except KubeError as exc:
                 raise BindError(f"hami bind: creating the Binding of {key} failed: {exc}") from exc
         raise BindError(f"hami bind: pod {key} kept changing; it was not bound")
+
+    def _rides_binding(self, record: PodRecord) -> bool:
+        """Whether the Binding carries this bind's decision (no pod write before it): only
+        under the node lock alone (the lock orders every bind of the node, so a read after
+        it sees each earlier one), and only when the decision deletes no key (a Binding
+        adds and overwrites annotations, never removes one)."""
+        if not self.settings.decision_in_binding or record.decision is None:
+            return False
+        if record.pod_version is None or not self._needs_lock(record):
+            return False
+        if self._vendor_locks(record):
+            return False
+        return all(value is not None for value in self._bind_annotations(record).values())
+
+    async def _bind_carrying(
+        self,
+        namespace: str,
+        name: str,
+        uid: str | None,
+        record: PodRecord,
+        deadline: float,
+        watched: bool,
+    ) -> None:
+        """With the node lock held: make sure every pod bound under an earlier lock is
+        counted (in this replica's picture already, or listed from the API server), check
+        the fit, and create the Binding with the decision's annotations at the pod's
+        version filter saw (after a Conflict, at a newer one while the pod is unbound and
+        carries no other decision). ``watched``: the lock was written at the version the
+        Node watch showed, so the watch showed every lock before ours."""
+        key = f"{namespace}/{name}"
+        node = record.node
+        annotations = {k: v for k, v in self._bind_annotations(record).items() if v is not None}
+        listed = [] if watched and self._holders_seen(node) else await self._bound_on(node)
+        version = record.pod_version
+        for _ in range(3):
+            self._fence(Step.BINDING, key, record, deadline, fit=True, listed=listed)
+            self.locks.checked(node, key)
+            try:
+                await self._kube().bind_pod(
+                    namespace,
+                    name,
+                    uid,
+                    record.node,
+                    resource_version=version,
+                    annotations=annotations,
+                    request_timeout=BINDING_TIMEOUT,
+                )
+                return
+            except Conflict as exc:
+                version = await self._still_bare(namespace, name, uid, version, exc)
+            except KubeError as exc:
+                raise BindingUnsure(
+                    f"hami bind: creating the Binding of {key} failed: {exc}"
+                ) from exc
+        raise BindError(f"hami bind: pod {key} kept changing; it was not bound")
+
+    def _holders_seen(self, node: str) -> bool:
+        """Whether this replica's picture holds every pod that held ``node``'s lock since
+        its last check there: then every bind under those locks is counted (a Binding
+        lands before its lock is released, and a pod of ours whose Binding the watch has
+        not shown is still counted by its reservation), and the list can be skipped."""
+        history = self.locks.holders.get(node)
+        if history is None:
+            return False
+        for holder in history:
+            held = self.cluster.pods.get(holder)
+            if held is None or held.node != node:
+                return False  # gone, failed, or not shown yet: the API server's list says
+        return True
+
+    async def _bound_on(self, node: str) -> list[PodRecord]:
+        """The decisions of the pods bound to ``node`` as the API server has them now (a
+        consistent read, made with the node lock held) that this replica's picture does
+        not hold yet: binds that held the lock before ours, which our pod watch may not
+        have shown."""
+        try:
+            pods = await self._kube().list_pods(field_selector=f"spec.nodeName={node}")
+        except KubeError as exc:
+            raise BindError(
+                f"hami bind: listing the pods bound to node {node} failed: {exc}"
+            ) from exc
+        unseen: list[PodRecord] = []
+        for pod in pods:
+            written, _errors = self.cluster.pod_record(pod)
+            if written is None or written.node != node:
+                continue
+            known = self.cluster.pods.get(written.key)
+            if known is not None and (known.node, known.held) == (written.node, written.held):
+                continue
+            if written.whole:
+                # held whole because its value cannot be read: the fence counts that only
+                # from the watch's picture, so wait for the watch rather than guess
+                raise BindError(
+                    f"hami bind: pod {written.key} on node {node} carries a decision this "
+                    "replica cannot read and has not seen yet; kube-scheduler retries"
+                )
+            unseen.append(written)
+        return unseen
+
+    async def _still_bare(
+        self, namespace: str, name: str, uid: str | None, tried: str | None, conflict: KubeError
+    ) -> str:
+        """After a Conflict on a Binding carrying the decision: the pod's new version if it
+        is unbound and carries no decision; otherwise a ``BindError``."""
+        key = f"{namespace}/{name}"
+        try:
+            pod = await self._kube().get_pod(namespace, name)
+        except KubeError as exc:
+            raise BindError(f"hami bind: reading pod {key} failed: {exc}") from exc
+        meta = metadata_of(pod)
+        bound = str((pod.get("spec") or {}).get("nodeName") or "")
+        version = str(meta.get("resourceVersion") or "")
+        if bound:
+            raise AlreadyBound(f"hami bind: pod {key} is already bound to node {bound}", pod)
+        if not version or version == tried or (uid and str(meta.get("uid") or "") != uid):
+            raise BindError(f"hami bind: creating the Binding of {key} failed: {conflict}")
+        written, _errors = self.cluster.pod_record(pod)
+        if written is not None or keys.BIND_PHASE in annotations_of(pod):
+            # written meanwhile (another scheduler): a Binding cannot delete its keys
+            raise BindError(f"hami bind: pod {key} was given a decision meanwhile; not bound")
+        return version
 
     async def _still_ours(
         self,
@@ -502,7 +657,14 @@ class Binder:
             ) from exc
 
     async def undo(
-        self, namespace: str, name: str, node: str, record: PodRecord, written: str | None
+        self,
+        namespace: str,
+        name: str,
+        node: str,
+        record: PodRecord,
+        written: str | None,
+        *,
+        unsure: bool = False,
     ) -> None:
         """Mark the pod failed, release our lock and drop its reservation (best effort;
         these writes only give back, so they pass no fence).
@@ -513,11 +675,19 @@ class Binder:
         same pod (kube-scheduler retries while a slow undo still waits for the API
         server), must not be failed by it; the lock then stays too (the node agent
         releases it after that pod's Allocate, or the lock rules take it over). Before our
-        write the pod holds nothing of ours.
+        write the pod holds nothing of ours. ``unsure``: a Binding carrying the decision got
+        no answer; the pod is read, and the lock stays unless it is seen unbound.
         """
         key = f"{namespace}/{name}"
         kube = self._kube()
         changed = False  # the pod changed since our write
+        if unsure:
+            try:
+                pod = await kube.get_pod(namespace, name)
+                changed = bool((pod.get("spec") or {}).get("nodeName"))
+            except KubeError as exc:
+                _log.info("pod not read after a Binding without answer", pod=key, error=str(exc))
+                changed = True  # it may be bound: its lock stays (the lock rules judge it)
         if written is not None:
             try:
                 await kube.patch_pod_annotations(
@@ -572,13 +742,14 @@ class Binder:
 
     async def _take_lock(
         self, node: str, namespace: str, name: str, record: PodRecord, deadline: float
-    ) -> None:
+    ) -> bool:
         """Set ``hami.io/mutex.lock`` for this pod; the caller has the node's turn
         (``queue``). A conditional write at the resourceVersion the Node watch last
         showed; the Node is read only after a Conflict, when the watch has not yet shown
         our previous lock write, or when it said nothing for ``LOCK_POLL_SECONDS``. While
         another pod holds the lock, wait (until ``deadline``) for the watch to show a
-        change: each change wakes this bind alone. Every write passes the fence."""
+        change: each change wakes this bind alone. Every write passes the fence. Returns
+        whether the lock was written at the version the watch showed (not one read)."""
         key = f"{namespace}/{name}"
         wait = self.settings.bind_lock_wait.seconds
         read: Json | None = None  # the Node as just read: newer than the watch's copy
@@ -592,6 +763,7 @@ class Binder:
                 value = annotations_of(read).get(keys.NODE_LOCK)
                 version = str(metadata_of(read).get("resourceVersion") or "")
                 read = None
+                watched = False
             elif node in self.locks.writes:
                 # The watch's copy predates our last lock write here: wait for it to catch
                 # up (it then shows that lock, held until the node agent's release).
@@ -602,7 +774,10 @@ class Binder:
             else:
                 assert state is not None
                 value, version = state.lock, state.resource_version
-            holder = await self.locks.live_holder(value, node, namespace, name)
+                watched = True
+            holder = await self.locks.live_holder(
+                value, node, namespace, name, release_grace=RELEASE_GRACE_SECONDS
+            )
             if holder is not None:
                 remaining = deadline - self.clock.monotonic()
                 if remaining <= 0:
@@ -635,7 +810,7 @@ class Binder:
             self.locks.wrote(
                 node, version, lock, (seen.resource_version, seen.lock) if seen else ("", None)
             )
-            return
+            return watched
 
     async def _read_node(self, node: str) -> Json:
         try:

@@ -54,6 +54,14 @@ class NodeLocks:
         # node -> (resourceVersion, lock value) of our latest lock write not yet seen by the
         # Node watch: until it is, the watch's copy of the node is older than that write
         self.writes: dict[str, tuple[str, str]] = {}
+        # node -> (lock value, monotonic time) first judged stale only because its pod's
+        # allocation ended: its node agent's release is on its way
+        self._ended: dict[str, tuple[str, float]] = {}
+        # node -> the pods (namespace/name) whose locks the Node watch showed since this
+        # replica's last bind check there, in order; absent where that is not known (no
+        # check yet, a relist since, a lock naming no pod). A bind whose Binding carries its
+        # decision skips its list of the node's pods when each of these is in its picture.
+        self.holders: dict[str, list[str]] = {}
 
     # ------------------------------------------------------------------ the watch's view
 
@@ -65,16 +73,36 @@ class NodeLocks:
             del self.writes[name]  # the watch caught up with our lock write
         if new == old:
             return False
+        self._ended.pop(name, None)
         lock = parse_lock(new)
         if lock is None:
             self.parsed.pop(name, None)
+            if new is not None:
+                self.holders.pop(name, None)  # unreadable: who holds it is not known
         else:
             self.parsed[name] = lock
+            history = self.holders.get(name)
+            if lock.owner is None:
+                self.holders.pop(name, None)
+            elif history is not None:
+                history.append(lock.owner)
         return True
+
+    def lost_track(self) -> None:
+        """The Node watch listed again: lock values between its last event and the list
+        were never shown, so no node's holders are known."""
+        self.holders.clear()
+
+    def checked(self, node: str, pod: str) -> None:
+        """A bind of ``pod`` checked its fit on ``node`` with every earlier holder counted,
+        under its own lock: later checks need only the holders since (and this pod)."""
+        self.holders[node] = [pod]
 
     def forget(self, name: str) -> None:
         self.parsed.pop(name, None)
         self.writes.pop(name, None)
+        self._ended.pop(name, None)
+        self.holders.pop(name, None)
 
     def wrote(self, node: str, version: str, value: str, seen: tuple[str, str | None]) -> None:
         """Our lock write left the Node at ``version``; ``seen`` is the watch's (version,
@@ -107,11 +135,20 @@ class NodeLocks:
     # ------------------------------------------------------------------ holders
 
     async def live_holder(
-        self, value: str | None, node: str, namespace: str, name: str
+        self,
+        value: str | None,
+        node: str,
+        namespace: str,
+        name: str,
+        *,
+        release_grace: float = 0.0,
     ) -> NodeLock | None:
         """The lock's holder if it blocks ``namespace/name``; None when free, ours or stale
         (one rule: ``hami.kube.nodelock``). A holder that lost its Allocate is failed
-        first."""
+        first. A holder whose allocation just ended still blocks for ``release_grace``
+        seconds: its node agent writes the pod and then releases the lock (or both at
+        once), and a lock written over it before the release lands only meets a 409
+        Conflict and a read of the Node."""
         now = self.clock.now()
         view = judge_value(value, now, self.rules, me=f"{namespace}/{name}")
         if view.free:
@@ -131,6 +168,10 @@ class NodeLocks:
         verdict = judge_holder(lock, holder, node, now, self.rules)
         if not verdict.stale:
             return lock
+        if verdict.ended and release_grace > 0:
+            value_seen, since = self._ended.setdefault(node, (value or "", self.clock.monotonic()))
+            if value_seen == value and self.clock.monotonic() - since < release_grace:
+                return lock  # the release is on its way: wait for the watch to show it
         failed = holder is not None and verdict.fail_holder
         if failed and not await self.fail_stalled_holder(holder or {}, node, verdict.reason):
             return lock  # it changed meanwhile (or the write failed): judge again

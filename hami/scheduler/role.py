@@ -180,7 +180,12 @@ class SchedulerRole:
             on_node, on_pod = _fan_out(on_node, score.on_node), _fan_out(on_pod, score.on_pod)
         freeze = heap.freeze_listed
         nodes = Reflector(
-            self.kube, "/api/v1/nodes", on_node, name="nodes", after_initial_page=freeze
+            self.kube,
+            "/api/v1/nodes",
+            on_node,
+            name="nodes",
+            after_initial_page=freeze,
+            after_list=sched.locks.lost_track,
         )
         pods = Reflector(self.kube, "/api/v1/pods", on_pod, name="pods", after_initial_page=freeze)
         self.reflectors = [nodes, pods]
