@@ -3,6 +3,8 @@ items 1 and 2). Requests are counted by a ``Kube`` that records what it sends.""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from _counting_kube import CountingKube
 from _sched_helpers import (
@@ -343,5 +345,49 @@ async def test_a_pod_bound_meanwhile_keeps_the_decision_it_runs_with(
             answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": [name]})
             assert "already bound" in answer["Error"], answer
             assert role.scheduler.cluster.usage_snapshot() == usage
+    finally:
+        await delete_nodes(kube, [name])
+
+
+@pytest.mark.parametrize("deleted", [False, True], ids=["alive", "deleted"])
+async def test_our_own_fresh_lock_is_judged_without_reading_its_pod(
+    kube: Kube, namespace: str, deleted: bool
+) -> None:
+    """The next pod's bind finds the lock this replica wrote for a pod it bound a moment
+    ago: it waits for the release without reading that pod (a read per pod on a busy
+    node). Once the pod watch shows that pod deleted, the lock is judged the usual way:
+    the pod is read, found gone, and the lock taken over at once."""
+    counting = CountingKube(kube)
+    name = await one_node(kube, "ot")
+    holder_path = f"/api/v1/namespaces/{namespace}/pods/p1"
+    try:
+        async with running_scheduler(counting, FakeClock()) as role:
+            cluster = role.scheduler.cluster
+            await poll(lambda: name in cluster.nodes)
+            first = await create_pod(kube, namespace, gpu_pod("p1", mem=1000))
+            await post(f"{role.url}/filter", {"Pod": first, "NodeNames": [name]})
+            assert await post(f"{role.url}/bind", binding(first, name)) == {"Error": ""}
+            second = await create_pod(kube, namespace, gpu_pod("p2", mem=1000))
+            await post(f"{role.url}/filter", {"Pod": second, "NodeNames": [name]})
+            if deleted:
+                await kube.request("DELETE", holder_path, body={"gracePeriodSeconds": 0})
+                await poll(lambda: f"{namespace}/p1" not in cluster.pods)
+            mark = len(counting.requests)
+            bind = asyncio.create_task(post(f"{role.url}/bind", binding(second, name)))
+            if deleted:
+                assert await asyncio.wait_for(bind, 10) == {"Error": ""}
+                sent = counting.since(mark)
+                assert ("GET", holder_path) in sent
+                # judged at once: no wait for a change that never comes, then a Node read
+                assert ("GET", f"/api/v1/nodes/{name}") not in sent
+                return
+            await asyncio.sleep(0.5)
+            assert not bind.done()  # the lock is held: its pod is being allocated
+            assert ("GET", holder_path) not in counting.since(mark)
+            # the node agent: allocation done, lock released
+            await kube.patch_pod_annotations(namespace, "p1", {keys.BIND_PHASE: "success"})
+            await kube.patch_node_annotations(name, {keys.NODE_LOCK: None})
+            assert await asyncio.wait_for(bind, 10) == {"Error": ""}
+            assert ("GET", holder_path) not in counting.since(mark)
     finally:
         await delete_nodes(kube, [name])

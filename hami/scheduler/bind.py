@@ -71,6 +71,13 @@ LOCK_POLL_SECONDS = 2.0
 # races the release into a 409 Conflict and a read of the Node. A release that never
 # comes (the agent died after its pod write) costs the next bind LOCK_POLL_SECONDS.
 RELEASE_GRACE_SECONDS = 1.0
+# A lock this replica wrote for a pod whose Binding it then completed, and whose pod its
+# watch still holds on that node, is judged held without reading the pod for this long
+# after the Binding: nothing but the pod's deletion or the end of its allocation could make
+# it stale so soon, and the node agent's release comes with the latter. Saves a read per
+# pod on a busy node (binpack); a holder deleted meanwhile waits at most this plus
+# LOCK_POLL_SECONDS.
+OWN_HOLDER_TRUST_SECONDS = 2.0
 # Pods filter let through (they ask for no device hami manages): /bind binds only those.
 PASSED_MEMORY = 4096
 _DIGITS = re.compile(r"^\d+$")
@@ -154,6 +161,9 @@ class Binder:
         self.shadows: dict[str, PodRecord] = {}
         self._passed: OrderedDict[str, None] = OrderedDict()  # uids filter let through
         self.vendor_locks = VendorLocks(kube, clock.now, clock.monotonic, asyncio.sleep)
+        self._locked: dict[str, str] = {}  # node -> the lock value this replica last wrote
+        # node -> (lock value, monotonic time): our lock whose pod we then bound
+        self._bound_under: dict[str, tuple[str, float]] = {}
 
     # ------------------------------------------------------------------ from the watches
 
@@ -277,6 +287,9 @@ class Binder:
                     await self._bind_carrying(namespace, name, uid, record, deadline, watched)
                 else:
                     await self._bind_checked(namespace, name, uid, record, written, deadline)
+                locked = self._locked.pop(node, None)
+                if locked is not None:
+                    self._trust_holder(node, locked)
         except AlreadyBound as exc:
             # what the pod holds is what its annotations say; nothing of it is ours to
             # undo (releasing its lock would let another pod allocate beside it)
@@ -301,6 +314,8 @@ class Binder:
         finally:
             self.binding.discard(key)
             self._versions.pop(key, None)
+            if self._locked.get(node, "").endswith(f",{namespace},{name}"):
+                del self._locked[node]  # a failed bind's (the next bind's may be there)
 
     # ------------------------------------------------------------------ the fence
 
@@ -775,7 +790,7 @@ class Binder:
                 assert state is not None
                 value, version = state.lock, state.resource_version
                 watched = True
-            holder = await self.locks.live_holder(
+            holder = self._own_fresh_holder(node, value) or await self.locks.live_holder(
                 value, node, namespace, name, release_grace=RELEASE_GRACE_SECONDS
             )
             if holder is not None:
@@ -806,11 +821,40 @@ class Binder:
             except KubeError as exc:
                 raise BindError(f"hami bind: locking node {node} failed: {exc}") from exc
             version = str(metadata_of(written).get("resourceVersion") or "")
+            self._locked[node] = lock
             seen = self.cluster.nodes.get(node)
             self.locks.wrote(
                 node, version, lock, (seen.resource_version, seen.lock) if seen else ("", None)
             )
             return watched
+
+    def _trust_holder(self, node: str, value: str) -> None:
+        """Our lock ``value`` on ``node`` now holds a pod we bound (``_own_fresh_holder``)."""
+        now = self.clock.monotonic()
+        if len(self._bound_under) >= 1024:  # keep only the fresh ones (a busy node's)
+            for stale in [
+                n
+                for n, (_, at) in self._bound_under.items()
+                if now - at >= OWN_HOLDER_TRUST_SECONDS
+            ]:
+                del self._bound_under[stale]
+        self._bound_under[node] = (value, now)
+
+    def _own_fresh_holder(self, node: str, value: str | None) -> NodeLock | None:
+        """The lock's holder, judged held without a read, when it is the lock this replica
+        wrote for a pod it bound less than ``OWN_HOLDER_TRUST_SECONDS`` ago and its pod
+        watch still holds that pod on the node; None: judge it the usual way."""
+        mine = self._bound_under.get(node)
+        if mine is None or value is None or mine[0] != value:
+            return None
+        if self.clock.monotonic() - mine[1] >= OWN_HOLDER_TRUST_SECONDS:
+            del self._bound_under[node]
+            return None
+        lock = parse_lock(value)
+        if lock is None or lock.owner is None:
+            return None
+        held = self.cluster.pods.get(lock.owner)
+        return lock if held is not None and held.node == node else None
 
     async def _read_node(self, node: str) -> Json:
         try:
