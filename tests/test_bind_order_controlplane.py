@@ -27,6 +27,7 @@ from _sched_helpers import (
 )
 from test_lock_stall_controlplane import bound_holder, nodes
 
+from hami.core.cluster import Cluster
 from hami.kube.client import Kube, pods_path
 from hami.protocol import ContainerDevice, encode_pod_devices, keys
 from hami.testkit.cluster import poll
@@ -195,16 +196,8 @@ async def test_the_check_counts_pods_bound_before_the_lock_that_the_watch_has_no
         async with running_scheduler(kube, fake, cfg) as role:
             await poll(lambda: name in role.scheduler.cluster.nodes)
             cluster = role.scheduler.cluster
-            upsert = cluster.upsert_pod
             hidden = f"{namespace}/other"
-
-            def lagging_watch(obj: Any, now: Any = None) -> list[str]:
-                # this replica's watch has not come to the other scheduler's pod yet
-                if f"{obj['metadata']['namespace']}/{obj['metadata']['name']}" == hidden:
-                    return []
-                return upsert(obj, now)
-
-            cluster.upsert_pod = lagging_watch  # type: ignore[method-assign]
+            _hide_from_watch(cluster, hidden)
             pod = await create_pod(kube, namespace, gpu_pod("mine", mem=6000))
             answer = await post(f"{role.url}/filter", {"Pod": pod, "NodeNames": [name]})
             assert answer["NodeNames"] == [name]
@@ -275,15 +268,8 @@ async def test_a_lock_taken_by_another_scheduler_since_the_last_check_brings_the
             await kube.patch_node_annotations(name, {keys.NODE_LOCK: None})
             await poll(lambda: locks.parsed.get(name) is None)
 
-            upsert = cluster.upsert_pod
             hidden = f"{namespace}/other"
-
-            def lagging_watch(obj: Any, now: Any = None) -> list[str]:
-                if f"{obj['metadata']['namespace']}/{obj['metadata']['name']}" == hidden:
-                    return []
-                return upsert(obj, now)
-
-            cluster.upsert_pod = lagging_watch  # type: ignore[method-assign]
+            _hide_from_watch(cluster, hidden)
             mine = await create_pod(kube, namespace, gpu_pod("mine", mem=6000))
             answer = await post(f"{role.url}/filter", {"Pod": mine, "NodeNames": [name]})
             assert answer["NodeNames"] == [name]
@@ -302,6 +288,19 @@ async def test_a_lock_taken_by_another_scheduler_since_the_last_check_brings_the
             assert not (await kube.get_pod(namespace, "mine"))["spec"].get("nodeName")
     finally:
         await delete_nodes(kube, [name])
+
+
+def _hide_from_watch(cluster: Cluster, hidden: str) -> None:
+    """This replica's pod watch has not come to pod ``hidden`` yet (another scheduler's):
+    its events do not reach the cluster's picture."""
+    upsert = cluster.upsert_pod
+
+    def lagging_watch(obj: Any, now: Any = None) -> list[str]:
+        if f"{obj['metadata']['namespace']}/{obj['metadata']['name']}" == hidden:
+            return []
+        return upsert(obj, now)
+
+    cluster.upsert_pod = lagging_watch  # type: ignore[method-assign]
 
 
 def _filling(name: str, fake: FakeClock) -> dict[str, str]:

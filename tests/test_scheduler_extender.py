@@ -154,6 +154,12 @@ async def release_locks(kube: Kube, nodes: list[str], namespace: str, stop: asyn
             if not value:
                 continue
             pod_name = value.split(",")[2]
+            try:
+                holder = await kube.get_pod(namespace, pod_name)
+            except KubeError:
+                holder = {}
+            if not (holder.get("spec") or {}).get("nodeName"):
+                continue  # an agent allocates only a bound pod: its Binding comes first
             with contextlib.suppress(KubeError):
                 await kube.patch_pod_annotations(namespace, pod_name, {keys.BIND_PHASE: "success"})
             with contextlib.suppress(Conflict):

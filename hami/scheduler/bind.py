@@ -488,22 +488,13 @@ class Binder:
     ) -> str:
         """After a Conflict on a Binding carrying the decision: the pod's new version if it
         is unbound and carries no decision; otherwise a ``BindError``."""
-        key = f"{namespace}/{name}"
-        try:
-            pod = await self._kube().get_pod(namespace, name)
-        except KubeError as exc:
-            raise BindError(f"hami bind: reading pod {key} failed: {exc}") from exc
-        meta = metadata_of(pod)
-        bound = str((pod.get("spec") or {}).get("nodeName") or "")
-        version = str(meta.get("resourceVersion") or "")
-        if bound:
-            raise AlreadyBound(f"hami bind: pod {key} is already bound to node {bound}", pod)
-        if not version or version == tried or (uid and str(meta.get("uid") or "") != uid):
-            raise BindError(f"hami bind: creating the Binding of {key} failed: {conflict}")
+        pod, version = await self._unbound_after(namespace, name, uid, tried, conflict)
         written, _errors = self.cluster.pod_record(pod)
         if written is not None or keys.BIND_PHASE in annotations_of(pod):
             # written meanwhile (another scheduler): a Binding cannot delete its keys
-            raise BindError(f"hami bind: pod {key} was given a decision meanwhile; not bound")
+            raise BindError(
+                f"hami bind: pod {namespace}/{name} was given a decision meanwhile; not bound"
+            )
         return version
 
     async def _still_ours(
@@ -517,6 +508,18 @@ class Binder:
     ) -> str:
         """After a Binding conflict: the pod's new version if it is unbound and still
         carries this decision; otherwise a ``BindError``."""
+        pod, version = await self._unbound_after(namespace, name, uid, tried, conflict)
+        now, _ = self.cluster.pod_record(pod)
+        if now is None or (now.node, now.held) != (record.node, record.held):
+            raise BindError(f"hami bind: pod {namespace}/{name}'s decision was rewritten meanwhile")
+        return version
+
+    async def _unbound_after(
+        self, namespace: str, name: str, uid: str | None, tried: str | None, conflict: KubeError
+    ) -> tuple[Json, str]:
+        """After a Binding conflict: the pod read again and its version, when it is unbound,
+        the same pod (uid) and at a newer version; otherwise ``AlreadyBound`` or a
+        ``BindError``."""
         key = f"{namespace}/{name}"
         try:
             pod = await self._kube().get_pod(namespace, name)
@@ -527,13 +530,10 @@ class Binder:
         version = str(meta.get("resourceVersion") or "")
         if bound:
             raise AlreadyBound(f"hami bind: pod {key} is already bound to node {bound}", pod)
-        if version == tried or (uid and str(meta.get("uid") or "") != uid):
+        if not version or version == tried or (uid and str(meta.get("uid") or "") != uid):
             # not a newer version: the precondition that failed is another one (the uid)
             raise BindError(f"hami bind: creating the Binding of {key} failed: {conflict}")
-        now, _ = self.cluster.pod_record(pod)
-        if now is None or (now.node, now.held) != (record.node, record.held):
-            raise BindError(f"hami bind: pod {key}'s decision was rewritten meanwhile")
-        return version
+        return pod, version
 
     async def _seen(self, key: str, version: str, deadline: float) -> None:
         """Wait until the pod watch shows ``key`` at ``version`` or later."""
