@@ -32,7 +32,7 @@ class Snapshot:
 
 def snapshot(plane: ControlPlane) -> Snapshot:
     pids = [proc.pid for proc in (plane.apiserver, plane.etcd) if proc is not None]
-    return Snapshot(request_counts(plane), sum(_cpu(pid) for pid in pids))
+    return Snapshot(request_counts(plane), sum(cpu_seconds(pid) for pid in pids))
 
 
 def request_counts(plane: ControlPlane) -> Requests:
@@ -69,7 +69,8 @@ def per_pod(counts: Requests, pods: int) -> str:
     return ", ".join(parts)
 
 
-def _cpu(pid: int | None) -> float:
+def cpu_seconds(pid: int | None) -> float:
+    """A process's user + system CPU so far (0 when it is gone)."""
     if pid is None:
         return 0.0
     try:

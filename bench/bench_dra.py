@@ -7,8 +7,12 @@
   (kube-scheduler, no extender, pods whose ResourceClaimTemplate asks one 1000 MiB slice);
   each creates the pods first, then starts kube-scheduler and times the binds a pod watch
   sees (kube-scheduler binds a DRA pod after writing its claim's allocation). Figures:
-  pods bound/s and dra/alone; the extender's figure for the same nodes and pods is the
-  ``throughput`` part's *hami* (run both: ``--only throughput dra``).
+  pods bound/s and dra/alone; where the time goes, per bound pod: kube-scheduler's CPU
+  (its process from start to the last bind, the initial lists included), the
+  resourceclaim controller's (kube-controller-manager over the round), kube-apiserver's
+  and etcd's, and the API server's write requests by verb and resource. The extender's
+  figure for the same nodes and pods is the ``throughput`` part's *hami* (run both:
+  ``--only throughput dra``).
 - ``dra-one-node``: ``LocalCluster(mode="dra")`` with one node (node agent in ``mode:
   dra``, kubelet emulator preparing claims): one pod alone, then ``--one-node-pods`` (10)
   one-slice pods created at once, timed from watch events (pods and ResourceClaims):
@@ -25,6 +29,7 @@ import time
 import uuid
 from typing import Any
 
+import _apiserver as apiserver
 from _e2e_common import (
     ALONE_NAME,
     GPU_MEMORY,
@@ -44,7 +49,7 @@ from _one_node import one_node as marginal_cost
 
 from hami.kube.client import Kube, open_client, pods_path
 from hami.kube.raw import KubeError
-from hami.testkit.controlplane import ControlPlane
+from hami.testkit.controlplane import ControllerManagerProcess, ControlPlane
 from hami.testkit.dra_pods import claim_template, dra_pod, templates_path
 
 DRIVER = "nvidia.hami.io"
@@ -124,7 +129,13 @@ def scheduler_config(name: str, qps: int = 0) -> dict[str, Any]:
 
 
 async def dra_round(
-    plane: ControlPlane, kube: Kube, run: str, pods: int, use_dra: bool, qps: int = 0
+    plane: ControlPlane,
+    kube: Kube,
+    run: str,
+    pods: int,
+    use_dra: bool,
+    qps: int = 0,
+    kcm: ControllerManagerProcess | None = None,
 ) -> dict[str, Any]:
     namespace = f"bench-{run}-{uuid.uuid4().hex[:4]}"
     await kube.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
@@ -155,11 +166,17 @@ async def dra_round(
     watch = PodWatch(kube, namespace, agent=False)
     watcher = asyncio.create_task(watch.run(version))
     name = DRA_NAME if use_dra else ALONE_NAME
+    kcm_pid = kcm.process.pid if kcm is not None else None
+    kcm_before = apiserver.cpu_seconds(kcm_pid)
+    api_before = await asyncio.to_thread(apiserver.snapshot, plane)
     started = time.monotonic()
     sched = await asyncio.to_thread(
         plane.start_scheduler, scheduler_config(name, qps), f"ks-{name}"
     )
     done = await watch.wait(pods, timeout=max(60.0, pods * 0.5))
+    sched_cpu = apiserver.cpu_seconds(sched.process.pid)
+    kcm_cpu = apiserver.cpu_seconds(kcm_pid) - kcm_before
+    api_after = await asyncio.to_thread(apiserver.snapshot, plane)
     await asyncio.to_thread(sched.stop)
     with contextlib.suppress(ValueError):
         plane.schedulers.remove(sched)
@@ -172,11 +189,16 @@ async def dra_round(
     await delete_all_pods(kube, namespace)
     with contextlib.suppress(KubeError):
         await kube.delete(f"/api/v1/namespaces/{namespace}")
+    per_pod = 1000 / bound if bound else float("nan")
     return {
         "bound": bound,
         "complete": done,
         "rate": (bound - 1) / span if bound > 1 and span > 0 else float("nan"),
         "until_all": (times[-1] - started) if times else float("nan"),
+        "scheduler_ms": sched_cpu * per_pod,
+        "controller_ms": kcm_cpu * per_pod,
+        "api_ms": (api_after.cpu_seconds - api_before.cpu_seconds) * per_pod,
+        "writes": apiserver.writes(api_before, api_after),
     }
 
 
@@ -225,13 +247,19 @@ async def dra_throughput(args: argparse.Namespace, plane: ControlPlane) -> None:
                     order = ["alone", "dra"] if rnd % 2 == 0 else ["dra", "alone"]
                     for mode in order:
                         result = await dra_round(
-                            plane, kube, run, args.pods, mode == "dra", args.sched_qps
+                            plane, kube, run, args.pods, mode == "dra", args.sched_qps, kcm
                         )
                         results[mode].append(result)
                         say(
                             f"  round {rnd + 1} {mode:5s}: {result['bound']}/{args.pods} bound, "
                             f"{result['rate']:6.1f} pods/s, all in {result['until_all']:5.1f}s "
                             f" ({load()})"
+                        )
+                        say(
+                            f"    CPU per pod: kube-scheduler {result['scheduler_ms']:5.1f} ms, "
+                            f"kube-controller-manager {result['controller_ms']:5.1f} ms, "
+                            f"kube-apiserver + etcd {result['api_ms']:5.1f} ms; writes per pod "
+                            f"{apiserver.per_pod(result['writes'], result['bound'])}"
                         )
                 alone = statistics.median(r["rate"] for r in results["alone"])
                 dra = statistics.median(r["rate"] for r in results["dra"])
