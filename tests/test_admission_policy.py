@@ -275,6 +275,25 @@ async def test_only_hami_writes_decision_annotations(kube: Kube, scene: dict[str
             body={"metadata": {"annotations": {"hami.io/vgpu-devices-allocated": None}}},
             content_type=MERGE,
         )
+    # nor slip a decision in through a Binding (the API server would merge its annotations)
+    await make_pod(kube, namespace, "via-binding", None)
+    carried = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {
+            "name": "via-binding",
+            "annotations": {"hami.io/vgpu-devices-to-allocate": "GPU-x,NVIDIA,99999,100:;"},
+        },
+        "target": {"apiVersion": "v1", "kind": "Node", "name": scene["names"][0]},
+    }
+    with pytest.raises(KubeError, match="hami-decision-annotations") as refused:
+        await kube.create(f"/api/v1/namespaces/{namespace}/pods/via-binding/binding", carried)
+    assert refused.value.status == 403
+    stored = await kube.get_pod(namespace, "via-binding")
+    assert not stored["spec"].get("nodeName")
+    # a Binding without hami's keys (kube-scheduler's own) is not concerned
+    plain = {**carried, "metadata": {"name": "via-binding", "annotations": {"team": "b"}}}
+    await kube.create(f"/api/v1/namespaces/{namespace}/pods/via-binding/binding", plain)
 
 
 @contextlib.asynccontextmanager
@@ -307,7 +326,11 @@ async def test_the_roles_own_calls_pass(controlplane: Any, scene: dict[str, Any]
         await kube.patch_node_annotations(b, {keys.NODE_LOCK: "lock"}, None)
         pod = await kube.get_pod(namespace, "pending")
         await kube.patch_pod_annotations(namespace, "pending", {keys.VGPU_NODE: b})
-        await kube.bind_pod(namespace, "pending", pod["metadata"]["uid"], b)
+        # the Binding carries the decision (scheduler.decision_in_binding)
+        carried = {keys.BIND_PHASE: "allocating", "hami.io/vgpu-devices-allocated": ";"}
+        await kube.bind_pod(namespace, "pending", pod["metadata"]["uid"], b, annotations=carried)
+        bound = await kube.get_pod(namespace, "pending")
+        assert bound["metadata"]["annotations"][keys.BIND_PHASE] == "allocating"
         assert await events.emit_pod_event(kube, pod, "BindingSucceed", "bound") is True
 
 
