@@ -18,6 +18,7 @@ from hami.kube.raw import NotFound
 from hami.node.allocate import choose_pod
 from hami.protocol import keys, parse_lock
 from hami.protocol.nodelock import NodeLock, parse_unix_time
+from hami.scheduler.locks import MAX_HOLDERS
 from hami.scheduler.service import Clock, Scheduler
 
 NOW = datetime(2024, 5, 20, 10, 0, 0, tzinfo=UTC)
@@ -311,4 +312,12 @@ def test_the_holders_since_the_last_check_follow_the_node_watch() -> None:
     assert NODE not in locks.holders
     locks.checked(NODE, "ns/c")
     locks.forget(NODE)
+    assert NODE not in locks.holders
+    # a node where others bind over and over: the history stays bounded
+    locks.checked(NODE, "ns/c")
+    previous: str | None = None
+    for i in range(MAX_HOLDERS + 1):
+        value = NodeLock(NOW, "ns", f"p{i}").encode()
+        locks.node_seen(NODE, str(10 + i), previous, value)
+        previous = value
     assert NODE not in locks.holders

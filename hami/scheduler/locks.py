@@ -31,6 +31,9 @@ from hami.scheduler.clock import Clock
 _log = log.get(__name__)
 
 Json = dict[str, Any]
+# Lock holders remembered per node between two checks of this replica there; past this the
+# node's binds are mostly another scheduler's, and the next check lists the node's pods.
+MAX_HOLDERS = 64
 # (namespace, name, uid, reason, message, type): queue an Event about a pod
 EventRef = Callable[[str, str, str | None, str, str, str], None]
 
@@ -85,7 +88,10 @@ class NodeLocks:
             if lock.owner is None:
                 self.holders.pop(name, None)
             elif history is not None:
-                history.append(lock.owner)
+                if len(history) >= MAX_HOLDERS:
+                    del self.holders[name]  # mostly others' binds: the list read is cheaper
+                else:
+                    history.append(lock.owner)
         return True
 
     def lost_track(self) -> None:
