@@ -17,13 +17,14 @@ One pod's way, after filter reserved its devices in memory (``hami.scheduler.ser
    resourceVersion checked: the API server binds only the pod exactly as checked.
 
 Where the bind holds the node lock and its decision deletes nothing
-(``scheduler.decision_in_binding``), steps 3 and 4 give way to one read: after the lock,
-the pods bound to the node are listed from the API server (a consistent read). Every bind
-that held the lock before ours bound its pod before the lock was released, so the list
-holds its decision even where our pod watch does not yet; the check counts those too, and
-the Binding carries the decision's annotations, which the API server merges into the pod
-in the same write as ``spec.nodeName``. One pod write fewer, and a failed bind leaves the
-pod untouched.
+(``scheduler.decision_in_binding``), steps 3 and 4 give way to this: after the lock, the
+check counts every pod bound under an earlier lock. Each such bind landed its Binding
+before its lock was released, so it is enough that this replica's picture holds every
+holder the Node watch showed since its last check on the node (``NodeLocks.holders``);
+otherwise the node's pods are listed from the API server (a consistent read). The Binding
+then carries the decision's annotations, which the API server merges into the pod in the
+same write as ``spec.nodeName``: one pod write fewer, and a failed bind leaves the pod
+untouched.
 
 Every write of steps 2-5 passes ``_fence`` first: it refuses once this replica stops
 leading, once the node or its device type went away, once the bind ran past
