@@ -371,14 +371,7 @@ class Binder:
             await self._seen(key, version, deadline)
             self._fence(Step.BINDING, key, record, deadline, fit=True)
             try:
-                await self._kube().bind_pod(
-                    namespace,
-                    name,
-                    uid,
-                    record.node,
-                    resource_version=version,
-                    request_timeout=BINDING_TIMEOUT,
-                )
+                await self._send_binding(namespace, name, uid, record.node, version)
                 return
             except Conflict as exc:
                 version = await self._still_ours(namespace, name, uid, record, version, exc)
@@ -423,15 +416,7 @@ class Binder:
             self._fence(Step.BINDING, key, record, deadline, fit=True, listed=listed)
             self.locks.checked(node, key)
             try:
-                await self._kube().bind_pod(
-                    namespace,
-                    name,
-                    uid,
-                    record.node,
-                    resource_version=version,
-                    annotations=annotations,
-                    request_timeout=BINDING_TIMEOUT,
-                )
+                await self._send_binding(namespace, name, uid, node, version, annotations)
                 return
             except Conflict as exc:
                 version = await self._still_bare(namespace, name, uid, version, exc)
@@ -440,6 +425,27 @@ class Binder:
                     f"hami bind: creating the Binding of {key} failed: {exc}"
                 ) from exc
         raise BindError(f"hami bind: pod {key} kept changing; it was not bound")
+
+    async def _send_binding(
+        self,
+        namespace: str,
+        name: str,
+        uid: str | None,
+        node: str,
+        version: str | None,
+        annotations: Mapping[str, str] | None = None,
+    ) -> None:
+        """The Binding, only of the pod at ``version`` (409 otherwise), given up after
+        ``BINDING_TIMEOUT`` so none is in flight past the bind's window."""
+        await self._kube().bind_pod(
+            namespace,
+            name,
+            uid,
+            node,
+            resource_version=version,
+            annotations=annotations,
+            request_timeout=BINDING_TIMEOUT,
+        )
 
     def _holders_seen(self, node: str) -> bool:
         """Whether this replica's picture holds every pod that held ``node``'s lock since
