@@ -290,6 +290,61 @@ async def test_a_lock_taken_by_another_scheduler_since_the_last_check_brings_the
         await delete_nodes(kube, [name])
 
 
+async def test_a_holder_known_only_by_a_written_decision_brings_the_list_back(
+    kube: Kube, namespace: str
+) -> None:
+    """The picture holds the lock holder, but only by the decision another scheduler wrote
+    on it before its bind (Go HAMi writes it in filter); that scheduler then bound it with
+    another decision, which this replica's pod watch has not shown. A written decision
+    may change until the Binding, so the bind lists the node's pods instead of trusting
+    the picture, and is refused. (Trusting it would count 100 MiB where 18,000 are held.)"""
+    fake = FakeClock()
+    cfg = scheduler_config(bind_lock_wait="15s", allocation_timeout="60s")
+    (name,) = await nodes(kube, unique("bw"), 1)
+    try:
+        async with running_scheduler(kube, fake, cfg) as role:
+            await poll(lambda: name in role.scheduler.cluster.nodes)
+            cluster = role.scheduler.cluster
+            locks = role.scheduler.locks
+            first = await create_pod(kube, namespace, gpu_pod("first", mem=100))
+            await post(f"{role.url}/filter", {"Pod": first, "NodeNames": [name]})
+            assert await post(f"{role.url}/bind", binding(first, name)) == {"Error": ""}
+            await kube.patch_pod_annotations(namespace, "first", {keys.BIND_PHASE: "success"})
+            await kube.patch_node_annotations(name, {keys.NODE_LOCK: None})
+            await poll(lambda: locks.parsed.get(name) is None)
+            # another scheduler's filter wrote a small decision on its pod: seen here
+            small = encode_pod_devices([[ContainerDevice(f"GPU-{name}-0", "NVIDIA", 100, 0)]])
+            written = {
+                keys.VGPU_NODE: name,
+                keys.VGPU_TIME: str(int(fake.now().timestamp())),
+                "hami.io/vgpu-devices-allocated": small,
+                "hami.io/vgpu-devices-to-allocate": small,
+            }
+            other = await create_pod(
+                kube, namespace, gpu_pod("other", count=2, mem=9000, annotations=written)
+            )
+            hidden = f"{namespace}/other"
+            await poll(lambda: hidden in cluster.pods)
+            _hide_from_watch(cluster, hidden)
+            mine = await create_pod(kube, namespace, gpu_pod("mine", mem=6000))
+            answer = await post(f"{role.url}/filter", {"Pod": mine, "NodeNames": [name]})
+            assert answer["NodeNames"] == [name]
+            # ...then locked the node and bound the pod with a bigger decision
+            lock = f"{fake.now():%Y-%m-%dT%H:%M:%SZ},{namespace},other"
+            await kube.patch_node_annotations(name, {keys.NODE_LOCK: lock})
+            await kube.bind_pod(
+                namespace, "other", other["metadata"]["uid"], name, annotations=_filling(name, fake)
+            )
+            await kube.patch_node_annotations(name, {keys.NODE_LOCK: None})
+            await poll(lambda: hidden in locks.holders.get(name, []))
+            await poll(lambda: locks.parsed.get(name) is None)
+            assert not cluster.pods[hidden].bound  # the picture still has the written one
+            answer = await post(f"{role.url}/bind", binding(mine, name))
+            assert "would hold" in answer["Error"], answer
+    finally:
+        await delete_nodes(kube, [name])
+
+
 def _hide_from_watch(cluster: Cluster, hidden: str) -> None:
     """This replica's pod watch has not come to pod ``hidden`` yet (another scheduler's):
     its events do not reach the cluster's picture."""

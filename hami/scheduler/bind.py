@@ -449,9 +449,10 @@ class Binder:
 
     def _holders_seen(self, node: str) -> bool:
         """Whether this replica's picture holds every pod that held ``node``'s lock since
-        its last check there: then every bind under those locks is counted (a Binding
-        lands before its lock is released, and a pod of ours whose Binding the watch has
-        not shown is still counted by its reservation), and the list can be skipped."""
+        its last check there, bound there or reserved by this replica: then every bind
+        under those locks is counted (a Binding lands before its lock is released, and a
+        pod of ours whose Binding the watch has not shown is still counted by its
+        reservation), and the list can be skipped."""
         history = self.locks.holders.get(node)
         if history is None:
             return False
@@ -459,6 +460,10 @@ class Binder:
             held = self.cluster.pods.get(holder)
             if held is None or held.node != node:
                 return False  # gone, failed, or not shown yet: the API server's list says
+            if not (held.bound or held.reserved):
+                # a decision written but not yet seen bound: its binder may have written
+                # another one since (Go HAMi's filter does), which the list would show
+                return False
         return True
 
     async def _bound_on(self, node: str) -> list[PodRecord]:
