@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Remakes the Go HAMi vectors the tests compare this project with, by running this project's
-# own Go programs under tools/gohami-vectors/ against a Go HAMi source tree:
+# own Go programs under tools/gohami-vectors/ (each with tools/gohami-vectors/common/, their
+# shared command line) against a Go HAMi source tree:
 #   codec    tools/gohami-vectors/codec/cases.json through Go HAMi's annotation codecs
 #            (register, pod devices, node lock, handshake) -> tests/data/hami-go-v2.10.json,
 #            checked by tests/test_go_vectors.py
@@ -71,6 +72,7 @@ for gen in "${generators[@]}"; do
   work="$cache/gohami-vectors/$commit/$gen"
   mkdir -p "$work"
   cp "$repo/tools/gohami-vectors/$gen/main.go" "$work/main.go"
+  cp "$repo"/tools/gohami-vectors/common/*.go "$work/"  # the command line they share
   # Go HAMi's go.mod as this module's: its requirements pin every dependency to the versions
   # Go HAMi builds with; its relative replaces are made absolute.
   sed -e "s|^module .*|module hamipy/gohamivectors/$gen|" -e "s|=> \./|=> $src/|" \

@@ -10,9 +10,7 @@ package main
 
 import (
 	"encoding/json"
-	"flag"
 	"fmt"
-	"io"
 	"os"
 	"regexp"
 	"strings"
@@ -24,7 +22,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
-	"k8s.io/klog/v2"
 
 	"github.com/Project-HAMi/HAMi/pkg/device"
 	"github.com/Project-HAMi/HAMi/pkg/device/cambricon"
@@ -107,36 +104,12 @@ type caseFile struct {
 }
 
 func main() {
-	cases := flag.String("cases", "", "inputs (cases.json)")
-	out := flag.String("out", "", "vectors file to write")
-	commit := flag.String("commit", "", "Go HAMi commit the tree was unpacked from")
-	command := flag.String("command", "", "the command that produced the file")
-	goVersion := flag.String("go-version", "", "go version used")
-	flag.Parse()
-	// Go HAMi's codecs log every value they read (rejections at error level); the file is
-	// the record, so only fatal errors reach stderr.
-	logFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(logFlags)
-	for name, value := range map[string]string{"logtostderr": "false", "stderrthreshold": "FATAL"} {
-		if err := logFlags.Set(name, value); err != nil {
-			fmt.Fprintln(os.Stderr, "codec vectors:", err)
-			os.Exit(1)
-		}
-	}
-	klog.SetOutput(io.Discard)
-	if err := run(*cases, *out, *commit, *command, *goVersion); err != nil {
-		fmt.Fprintln(os.Stderr, "codec vectors:", err)
-		os.Exit(1)
-	}
+	runGenerator("codec vectors", "cases", "inputs (cases.json)", true, run)
 }
 
 func run(casesPath, outPath, commit, command, goVersion string) error {
-	raw, err := os.ReadFile(casesPath)
-	if err != nil {
-		return err
-	}
 	var in caseFile
-	if err := json.Unmarshal(raw, &in); err != nil {
+	if err := readJSON(casesPath, &in); err != nil {
 		return err
 	}
 	// Handshake stamps are read and written in the process zone: UTC, as in a cluster.
@@ -254,6 +227,7 @@ func run(casesPath, outPath, commit, command, goVersion string) error {
 		// reading fell in the second after now_utc is run again, so that a reader judging the
 		// case at now_utc expects the very stamp Go wrote.
 		var v obj
+		var err error
 		sameSecond := false
 		for try := 0; try < 3 && !sameSecond; try++ {
 			if v, sameSecond, err = handshake(gpuConfig, c.Name, c.Value, c.Allocatable); err != nil {

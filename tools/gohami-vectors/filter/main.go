@@ -15,7 +15,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -94,25 +93,12 @@ type vectorsFile struct {
 }
 
 func main() {
-	cases := flag.String("cases", "", "inputs (cases.json)")
-	out := flag.String("out", "", "vectors file to write")
-	commit := flag.String("commit", "", "Go HAMi commit the tree was unpacked from")
-	command := flag.String("command", "", "the command that produced the file")
-	goVersion := flag.String("go-version", "", "go version used")
-	flag.Parse()
-	if err := run(*cases, *out, *commit, *command, *goVersion); err != nil {
-		fmt.Fprintln(os.Stderr, "filter vectors:", err)
-		os.Exit(1)
-	}
+	runGenerator("filter vectors", "cases", "inputs (cases.json)", false, run)
 }
 
 func run(casesPath, outPath, commit, command, goVersion string) error {
-	raw, err := os.ReadFile(casesPath)
-	if err != nil {
-		return err
-	}
 	var in caseFile
-	if err := json.Unmarshal(raw, &in); err != nil {
+	if err := readJSON(casesPath, &in); err != nil {
 		return err
 	}
 	// Go's flags: its chart enables Ascend and Iluvatar; klog stays quiet (the file is the

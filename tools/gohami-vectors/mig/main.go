@@ -10,15 +10,12 @@ package main
 
 import (
 	"encoding/json"
-	"flag"
 	"fmt"
-	"io"
 	"os"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/klog/v2"
 
 	"github.com/Project-HAMi/HAMi/pkg/device"
 	"github.com/Project-HAMi/HAMi/pkg/device/nvidia"
@@ -69,34 +66,12 @@ type caseFile struct {
 }
 
 func main() {
-	cases := flag.String("cases", "", "inputs (cases.json)")
-	out := flag.String("out", "", "vectors file to write")
-	commit := flag.String("commit", "", "Go HAMi commit the tree was unpacked from")
-	command := flag.String("command", "", "the command that produced the file")
-	goVersion := flag.String("go-version", "", "go version used")
-	flag.Parse()
-	logFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(logFlags)
-	for name, value := range map[string]string{"logtostderr": "false", "stderrthreshold": "FATAL"} {
-		if err := logFlags.Set(name, value); err != nil {
-			fmt.Fprintln(os.Stderr, "mig vectors:", err)
-			os.Exit(1)
-		}
-	}
-	klog.SetOutput(io.Discard)
-	if err := run(*cases, *out, *commit, *command, *goVersion); err != nil {
-		fmt.Fprintln(os.Stderr, "mig vectors:", err)
-		os.Exit(1)
-	}
+	runGenerator("mig vectors", "cases", "inputs (cases.json)", true, run)
 }
 
 func run(casesPath, outPath, commit, command, goVersion string) error {
-	raw, err := os.ReadFile(casesPath)
-	if err != nil {
-		return err
-	}
 	var in caseFile
-	if err := json.Unmarshal(raw, &in); err != nil {
+	if err := readJSON(casesPath, &in); err != nil {
 		return err
 	}
 	gpuConfig := nvidia.NvidiaConfig{ResourceCountName: "nvidia.com/gpu"}

@@ -18,13 +18,11 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"sort"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/klog/v2"
 
 	"github.com/Project-HAMi/HAMi/pkg/device"
 	"github.com/Project-HAMi/HAMi/pkg/device/ascend"
@@ -152,35 +150,12 @@ type fitDevice struct {
 const fitRuns = 64
 
 func main() {
-	cases := flag.String("cases", "", "inputs (cases.json)")
-	out := flag.String("out", "", "vectors file to write")
-	commit := flag.String("commit", "", "Go HAMi commit the tree was unpacked from")
-	command := flag.String("command", "", "the command that produced the file")
-	goVersion := flag.String("go-version", "", "go version used")
-	flag.Parse()
-	// The device functions log every value they read; the file is the record.
-	logFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(logFlags)
-	for name, value := range map[string]string{"logtostderr": "false", "stderrthreshold": "FATAL"} {
-		if err := logFlags.Set(name, value); err != nil {
-			fmt.Fprintln(os.Stderr, "vendor vectors:", err)
-			os.Exit(1)
-		}
-	}
-	klog.SetOutput(io.Discard)
-	if err := run(*cases, *out, *commit, *command, *goVersion); err != nil {
-		fmt.Fprintln(os.Stderr, "vendor vectors:", err)
-		os.Exit(1)
-	}
+	runGenerator("vendor vectors", "cases", "inputs (cases.json)", true, run)
 }
 
 func run(casesPath, outPath, commit, command, goVersion string) error {
-	raw, err := os.ReadFile(casesPath)
-	if err != nil {
-		return err
-	}
 	var in caseFile
-	if err := json.Unmarshal(raw, &in); err != nil {
+	if err := readJSON(casesPath, &in); err != nil {
 		return err
 	}
 	// The device configuration of Go HAMi's Helm chart (values.yaml and the device

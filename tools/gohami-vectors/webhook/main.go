@@ -10,7 +10,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"os"
 
@@ -82,16 +81,7 @@ type vectorFile struct {
 }
 
 func main() {
-	specs := flag.String("specs", "", "pod specs (JSON)")
-	out := flag.String("out", "", "vectors file to write")
-	commit := flag.String("commit", "", "Go HAMi commit the tree was unpacked from")
-	command := flag.String("command", "", "the command that produced the file")
-	goVersion := flag.String("go-version", "", "go version used")
-	flag.Parse()
-	if err := run(*specs, *out, *commit, *command, *goVersion); err != nil {
-		fmt.Fprintln(os.Stderr, "webhook vectors:", err)
-		os.Exit(1)
-	}
+	runGenerator("webhook vectors", "specs", "pod specs (JSON)", false, run)
 }
 
 func run(specsPath, outPath, commit, command, goVersion string) error {
