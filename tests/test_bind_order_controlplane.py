@@ -12,8 +12,11 @@ cycle."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 from _sched_helpers import (
     FakeClock,
     binding,
@@ -76,8 +79,7 @@ async def test_the_decision_is_written_while_the_bind_waits_for_the_lock(
             assert node["metadata"]["annotations"][keys.NODE_LOCK].endswith(f",{namespace},holder")
             assert not bind.done()
             # the holder's allocation ends and the node agent releases the lock
-            await kube.patch_pod_annotations(namespace, "holder", {keys.BIND_PHASE: "success"})
-            await kube.patch_node_annotations(name, {keys.NODE_LOCK: None})
+            await _allocated(kube, namespace, "holder", name)
             assert await asyncio.wait_for(bind, 15) == {"Error": ""}
             bound = await kube.get_pod(namespace, "next")
             assert bound["spec"]["nodeName"] == name
@@ -87,14 +89,18 @@ async def test_the_decision_is_written_while_the_bind_waits_for_the_lock(
         await delete_nodes(kube, [name])
 
 
-async def test_a_bind_that_never_gets_the_lock_marks_its_written_decision_failed(
-    kube: Kube, namespace: str
+@pytest.mark.parametrize("in_binding", [True, False], ids=["in-binding", "written-first"])
+async def test_a_bind_that_never_gets_the_lock_leaves_nothing_held(
+    kube: Kube, namespace: str, in_binding: bool
 ) -> None:
-    """With ``decision_in_binding: false`` the decision is on the pod before the lock is
-    tried: a bind that gives up waiting for the lock marks it ``bind-phase: failed`` (no
-    device stays held by an unbound pod's decision), and leaves the holder's lock alone."""
+    """A bind that gives up waiting for the lock leaves the holder's lock alone and no
+    device held by the pod. With the decision on the Binding nothing was written on the
+    pod; with it written first (``decision_in_binding: false``) the bind marks it
+    ``bind-phase: failed``."""
     fake = FakeClock()
-    cfg = scheduler_config(bind_lock_wait="0.5s", allocation_timeout="60s", **WRITTEN_FIRST)
+    cfg = scheduler_config(
+        bind_lock_wait="0.5s", allocation_timeout="60s", decision_in_binding=in_binding
+    )
     (name,) = await nodes(kube, unique("bf"), 1)
     try:
         async with running_scheduler(kube, fake, cfg) as role:
@@ -103,7 +109,11 @@ async def test_a_bind_that_never_gets_the_lock_marks_its_written_decision_failed
             assert f"locked by pod {namespace}/holder" in answer["Error"]
             seen = await kube.get_pod(namespace, "late")
             assert not seen["spec"].get("nodeName")
-            assert seen["metadata"]["annotations"][keys.BIND_PHASE] == "failed"
+            if in_binding:
+                assert seen["metadata"]["resourceVersion"] == pod["metadata"]["resourceVersion"]
+                assert f"{namespace}/late" not in role.scheduler.cluster.pods
+            else:
+                assert seen["metadata"]["annotations"][keys.BIND_PHASE] == "failed"
             node = await kube.get_node(name)
             assert node["metadata"]["annotations"][keys.NODE_LOCK].endswith(f",{namespace},holder")
     finally:
@@ -135,8 +145,7 @@ async def test_the_binding_carries_the_decision_in_one_write(kube: Kube, namespa
             assert not bind.done()
             waiting = await kube.get_pod(namespace, "next")
             assert waiting["metadata"]["resourceVersion"] == pod["metadata"]["resourceVersion"]
-            await kube.patch_pod_annotations(namespace, "holder", {keys.BIND_PHASE: "success"})
-            await kube.patch_node_annotations(name, {keys.NODE_LOCK: None})
+            await _allocated(kube, namespace, "holder", name)
             assert await asyncio.wait_for(bind, 15) == {"Error": ""}
             bound = await kube.get_pod(namespace, "next")
             await poll(lambda: any(v["spec"].get("nodeName") for v in versions))
@@ -155,29 +164,6 @@ async def test_the_binding_carries_the_decision_in_one_write(kube: Kube, namespa
             assert decided and all(v["spec"].get("nodeName") == name for v in decided), versions
             node = await kube.get_node(name)
             assert node["metadata"]["annotations"][keys.NODE_LOCK].endswith(f",{namespace},next")
-    finally:
-        await delete_nodes(kube, [name])
-
-
-async def test_a_bind_that_never_gets_the_lock_leaves_the_pod_untouched(
-    kube: Kube, namespace: str
-) -> None:
-    """With the decision on the Binding, a bind that gives up waiting for the lock has
-    written nothing on the pod (nothing to mark failed) and leaves the holder's lock."""
-    fake = FakeClock()
-    cfg = scheduler_config(bind_lock_wait="0.5s", allocation_timeout="60s")
-    (name,) = await nodes(kube, unique("bu"), 1)
-    try:
-        async with running_scheduler(kube, fake, cfg) as role:
-            pod = await placed_behind_a_holder(kube, role, namespace, name, fake, "late")
-            answer = await post(f"{role.url}/bind", binding(pod, name))
-            assert f"locked by pod {namespace}/holder" in answer["Error"]
-            seen = await kube.get_pod(namespace, "late")
-            assert seen["metadata"]["resourceVersion"] == pod["metadata"]["resourceVersion"]
-            assert not seen["spec"].get("nodeName")
-            node = await kube.get_node(name)
-            assert node["metadata"]["annotations"][keys.NODE_LOCK].endswith(f",{namespace},holder")
-            assert f"{namespace}/late" not in role.scheduler.cluster.pods
     finally:
         await delete_nodes(kube, [name])
 
@@ -251,43 +237,22 @@ async def test_a_lock_taken_by_another_scheduler_since_the_last_check_brings_the
     pod: the Node watch showed its lock, so the next bind lists the node's pods again and
     is refused. (Were the holders not followed, it would be bound past the memory.)"""
     fake = FakeClock()
-    cfg = scheduler_config(bind_lock_wait="15s", allocation_timeout="60s")
-    (name,) = await nodes(kube, unique("bh"), 1)
-    try:
-        async with running_scheduler(kube, fake, cfg) as role:
-            await poll(lambda: name in role.scheduler.cluster.nodes)
-            cluster = role.scheduler.cluster
-            locks = role.scheduler.locks
-            first = await create_pod(kube, namespace, gpu_pod("first", mem=100))
-            answer = await post(f"{role.url}/filter", {"Pod": first, "NodeNames": [name]})
-            assert answer["NodeNames"] == [name]
-            assert await post(f"{role.url}/bind", binding(first, name)) == {"Error": ""}
-            assert locks.holders[name][0] == f"{namespace}/first"
-            # its node agent: allocation done, lock released
-            await kube.patch_pod_annotations(namespace, "first", {keys.BIND_PHASE: "success"})
-            await kube.patch_node_annotations(name, {keys.NODE_LOCK: None})
-            await poll(lambda: locks.parsed.get(name) is None)
-
-            hidden = f"{namespace}/other"
-            _hide_from_watch(cluster, hidden)
-            mine = await create_pod(kube, namespace, gpu_pod("mine", mem=6000))
-            answer = await post(f"{role.url}/filter", {"Pod": mine, "NodeNames": [name]})
-            assert answer["NodeNames"] == [name]
-            # the other scheduler: its lock, its Binding with the decision, its release
-            other = await create_pod(kube, namespace, gpu_pod("other", count=2, mem=9000))
-            lock = f"{fake.now():%Y-%m-%dT%H:%M:%SZ},{namespace},other"
-            await kube.patch_node_annotations(name, {keys.NODE_LOCK: lock})
-            await kube.bind_pod(
-                namespace, "other", other["metadata"]["uid"], name, annotations=_filling(name, fake)
-            )
-            await kube.patch_node_annotations(name, {keys.NODE_LOCK: None})
-            await poll(lambda: hidden in locks.holders.get(name, []))
-            await poll(lambda: locks.parsed.get(name) is None)
-            answer = await post(f"{role.url}/bind", binding(mine, name))
-            assert "would hold" in answer["Error"], answer
-            assert not (await kube.get_pod(namespace, "mine"))["spec"].get("nodeName")
-    finally:
-        await delete_nodes(kube, [name])
+    async with _checked_once(kube, namespace, fake, "bh") as (role, name):
+        cluster = role.scheduler.cluster
+        locks = role.scheduler.locks
+        hidden = f"{namespace}/other"
+        _hide_from_watch(cluster, hidden)
+        mine = await create_pod(kube, namespace, gpu_pod("mine", mem=6000))
+        answer = await post(f"{role.url}/filter", {"Pod": mine, "NodeNames": [name]})
+        assert answer["NodeNames"] == [name]
+        # the other scheduler: its lock, its Binding with the decision, its release
+        other = await create_pod(kube, namespace, gpu_pod("other", count=2, mem=9000))
+        await _bound_by_another_scheduler(kube, other, name, fake)
+        await poll(lambda: hidden in locks.holders.get(name, []))
+        await poll(lambda: locks.parsed.get(name) is None)
+        answer = await post(f"{role.url}/bind", binding(mine, name))
+        assert "would hold" in answer["Error"], answer
+        assert not (await kube.get_pod(namespace, "mine"))["spec"].get("nodeName")
 
 
 async def test_a_holder_known_only_by_a_written_decision_brings_the_list_back(
@@ -299,50 +264,82 @@ async def test_a_holder_known_only_by_a_written_decision_brings_the_list_back(
     may change until the Binding, so the bind lists the node's pods instead of trusting
     the picture, and is refused. (Trusting it would count 100 MiB where 18,000 are held.)"""
     fake = FakeClock()
+    async with _checked_once(kube, namespace, fake, "bw") as (role, name):
+        cluster = role.scheduler.cluster
+        locks = role.scheduler.locks
+        # another scheduler's filter wrote a small decision on its pod: seen here
+        small = encode_pod_devices([[ContainerDevice(f"GPU-{name}-0", "NVIDIA", 100, 0)]])
+        written = {
+            keys.VGPU_NODE: name,
+            keys.VGPU_TIME: str(int(fake.now().timestamp())),
+            "hami.io/vgpu-devices-allocated": small,
+            "hami.io/vgpu-devices-to-allocate": small,
+        }
+        other = await create_pod(
+            kube, namespace, gpu_pod("other", count=2, mem=9000, annotations=written)
+        )
+        hidden = f"{namespace}/other"
+        await poll(lambda: hidden in cluster.pods)
+        _hide_from_watch(cluster, hidden)
+        mine = await create_pod(kube, namespace, gpu_pod("mine", mem=6000))
+        answer = await post(f"{role.url}/filter", {"Pod": mine, "NodeNames": [name]})
+        assert answer["NodeNames"] == [name]
+        # ...then locked the node and bound the pod with a bigger decision
+        await _bound_by_another_scheduler(kube, other, name, fake)
+        await poll(lambda: hidden in locks.holders.get(name, []))
+        await poll(lambda: locks.parsed.get(name) is None)
+        assert not cluster.pods[hidden].bound  # the picture still has the written one
+        answer = await post(f"{role.url}/bind", binding(mine, name))
+        assert "would hold" in answer["Error"], answer
+
+
+@contextlib.asynccontextmanager
+async def _checked_once(
+    kube: Kube, namespace: str, fake: FakeClock, prefix: str
+) -> AsyncIterator[tuple[Any, str]]:
+    """A scheduler and a node on which it bound one pod ("first", its check there, so the
+    holders' history is known) whose node agent then released the lock."""
     cfg = scheduler_config(bind_lock_wait="15s", allocation_timeout="60s")
-    (name,) = await nodes(kube, unique("bw"), 1)
+    (name,) = await nodes(kube, unique(prefix), 1)
     try:
         async with running_scheduler(kube, fake, cfg) as role:
             await poll(lambda: name in role.scheduler.cluster.nodes)
-            cluster = role.scheduler.cluster
             locks = role.scheduler.locks
-            first = await create_pod(kube, namespace, gpu_pod("first", mem=100))
-            await post(f"{role.url}/filter", {"Pod": first, "NodeNames": [name]})
-            assert await post(f"{role.url}/bind", binding(first, name)) == {"Error": ""}
-            await kube.patch_pod_annotations(namespace, "first", {keys.BIND_PHASE: "success"})
-            await kube.patch_node_annotations(name, {keys.NODE_LOCK: None})
+            await _placed_and_bound(kube, role, namespace, "first", name)
+            assert locks.holders[name][0] == f"{namespace}/first"
+            await _allocated(kube, namespace, "first", name)
             await poll(lambda: locks.parsed.get(name) is None)
-            # another scheduler's filter wrote a small decision on its pod: seen here
-            small = encode_pod_devices([[ContainerDevice(f"GPU-{name}-0", "NVIDIA", 100, 0)]])
-            written = {
-                keys.VGPU_NODE: name,
-                keys.VGPU_TIME: str(int(fake.now().timestamp())),
-                "hami.io/vgpu-devices-allocated": small,
-                "hami.io/vgpu-devices-to-allocate": small,
-            }
-            other = await create_pod(
-                kube, namespace, gpu_pod("other", count=2, mem=9000, annotations=written)
-            )
-            hidden = f"{namespace}/other"
-            await poll(lambda: hidden in cluster.pods)
-            _hide_from_watch(cluster, hidden)
-            mine = await create_pod(kube, namespace, gpu_pod("mine", mem=6000))
-            answer = await post(f"{role.url}/filter", {"Pod": mine, "NodeNames": [name]})
-            assert answer["NodeNames"] == [name]
-            # ...then locked the node and bound the pod with a bigger decision
-            lock = f"{fake.now():%Y-%m-%dT%H:%M:%SZ},{namespace},other"
-            await kube.patch_node_annotations(name, {keys.NODE_LOCK: lock})
-            await kube.bind_pod(
-                namespace, "other", other["metadata"]["uid"], name, annotations=_filling(name, fake)
-            )
-            await kube.patch_node_annotations(name, {keys.NODE_LOCK: None})
-            await poll(lambda: hidden in locks.holders.get(name, []))
-            await poll(lambda: locks.parsed.get(name) is None)
-            assert not cluster.pods[hidden].bound  # the picture still has the written one
-            answer = await post(f"{role.url}/bind", binding(mine, name))
-            assert "would hold" in answer["Error"], answer
+            yield role, name
     finally:
         await delete_nodes(kube, [name])
+
+
+async def _allocated(kube: Kube, namespace: str, pod: str, node: str) -> None:
+    """What the pod's node agent does after its last Allocate: success, lock released."""
+    await kube.patch_pod_annotations(namespace, pod, {keys.BIND_PHASE: "success"})
+    await kube.patch_node_annotations(node, {keys.NODE_LOCK: None})
+
+
+async def _placed_and_bound(kube: Kube, role: Any, namespace: str, pod: str, node: str) -> None:
+    """A 100 MiB pod filtered onto ``node`` and bound there by this replica."""
+    body = await create_pod(kube, namespace, gpu_pod(pod, mem=100))
+    answer = await post(f"{role.url}/filter", {"Pod": body, "NodeNames": [node]})
+    assert answer["NodeNames"] == [node]
+    assert await post(f"{role.url}/bind", binding(body, node)) == {"Error": ""}
+
+
+async def _bound_by_another_scheduler(
+    kube: Kube, pod: dict[str, Any], node: str, fake: FakeClock
+) -> None:
+    """Another scheduler's bind of ``pod``: its lock, its Binding filling both devices
+    (carrying the decision), the release."""
+    meta = pod["metadata"]
+    lock = f"{fake.now():%Y-%m-%dT%H:%M:%SZ},{meta['namespace']},{meta['name']}"
+    await kube.patch_node_annotations(node, {keys.NODE_LOCK: lock})
+    await kube.bind_pod(
+        meta["namespace"], meta["name"], meta["uid"], node, annotations=_filling(node, fake)
+    )
+    await kube.patch_node_annotations(node, {keys.NODE_LOCK: None})
 
 
 def _hide_from_watch(cluster: Cluster, hidden: str) -> None:
