@@ -390,7 +390,9 @@ class Binder:
             return False
         if self._vendor_locks(record):
             return False
-        return all(value is not None for value in self._bind_annotations(record).values())
+        # a None is a key to delete (bind-time and bind-phase are written over anyway)
+        overwritten = (keys.BIND_TIME, keys.BIND_PHASE)
+        return all(v is not None or k in overwritten for k, v in record.decision.items())
 
     async def _bind_carrying(
         self,
